@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs every Debian package ipupod needs to build, test and run its demo.
+# Non-interactive and idempotent: packages already present are skipped, apt-get update runs once.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  openmpi-bin libopenmpi-dev          # one MPI rank per emulated IPU
+  libhdf5-dev hdf5-tools              # training data and checkpoints (HDF5 C API)
+  libboost-dev                        # Boost.Asio: host -> IPU streaming over TCP
+  libgtest-dev libgmock-dev           # unit and MPI tests
+  libcli11-dev                        # command-line parsing (header-only, subcommands, --help)
+  nlohmann-json3-dev                  # summary.json, memory.json, trace.json
+  zlib1g-dev                          # reading the gzip-compressed IDX files of Fashion-MNIST
+  dataset-fashion-mnist               # real images for the first end-to-end run
+)
+if [[ "${IPUPOD_EXTRA_PACKAGES:-}" != "" ]]; then
+  read -r -a extra <<<"$IPUPOD_EXTRA_PACKAGES"
+  packages+=("${extra[@]}")
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
