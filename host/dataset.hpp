@@ -1,0 +1,93 @@
+// The training-data schema on disk and its reader/writer: an HDF5 file with /train and /test,
+// each holding "inputs" and "targets" with the sample dimension first, chunked by samples.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "host/host_array.hpp"
+
+namespace ipupod::host {
+
+// Schema (version 1):
+//   /                     string attributes: source, license, description (others allowed)
+//   /train, /test         groups; optional numeric attributes (e.g. normalisation figures)
+//   /<split>/inputs       [samples, sample_shape...]  float32|float16|int32|uint32|uint8
+//   /<split>/targets      [samples, sample_shape...]  same dtypes; same sample count as inputs
+// Datasets are chunked in blocks of whole samples so that reading a batch touches few chunks.
+
+// Bad input: the file is missing or does not follow the schema (the CLI maps it to exit code 2).
+class DatasetError : public std::runtime_error {
+  using runtime_error::runtime_error;
+};
+
+struct ArraySpec {
+  DType dtype = DType::f32;
+  std::vector<std::size_t> sample_shape;  // shape of one sample (without the sample dimension)
+};
+
+struct SplitInfo {
+  std::size_t samples = 0;
+  ArraySpec inputs;
+  ArraySpec targets;
+};
+
+// Read-only access to a dataset file. The file stays open for the object's lifetime.
+class DatasetFile {
+ public:
+  // Validates the whole schema; throws DatasetError naming the problem.
+  explicit DatasetFile(const std::string& path);
+  ~DatasetFile();
+  DatasetFile(DatasetFile&&) noexcept;
+  DatasetFile& operator=(DatasetFile&&) noexcept;
+
+  const std::string& path() const;
+  SplitInfo info(const std::string& split) const;  // "train" or "test"
+
+  // [indices.size(), sample_shape...] in the order of `indices` (any order, repeats allowed).
+  // Consecutive runs of sorted indices are read as one hyperslab each.
+  HostArray read_inputs(const std::string& split, std::span<const std::size_t> indices) const;
+  HostArray read_targets(const std::string& split, std::span<const std::size_t> indices) const;
+
+  std::map<std::string, std::string> attributes() const;  // root string attributes
+  std::map<std::string, double> split_attributes(const std::string& split) const;  // numeric
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+struct DatasetWriterOptions {
+  bool overwrite = false;
+  std::size_t chunk_samples = 256;
+  int deflate_level = 0;  // 0 = uncompressed (fastest to read)
+};
+
+// Writes a dataset file atomically: everything goes to PATH.tmp, finish() renames it into place.
+// Destroying a writer without finish() removes the temporary file.
+class DatasetWriter {
+ public:
+  // Throws DatasetError if `path` exists and !options.overwrite (the message says to pass --force).
+  explicit DatasetWriter(const std::string& path, DatasetWriterOptions options = {});
+  ~DatasetWriter();
+  DatasetWriter(const DatasetWriter&) = delete;
+  DatasetWriter& operator=(const DatasetWriter&) = delete;
+
+  // split is "train" or "test"; inputs and targets have the same (non-zero) sample count.
+  void write_split(const std::string& split, const HostArray& inputs, const HostArray& targets);
+  void set_attribute(const std::string& name, const std::string& value);  // root, string
+  void set_attribute(const std::string& split, const std::string& name, double value);
+  // Flushes, closes and renames into place; both splits must have been written.
+  void finish();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ipupod::host

@@ -1,0 +1,135 @@
+// A small RAII layer over the HDF5 C API: move-only handles for files, groups, datasets,
+// dataspaces, datatypes and attributes; every return code checked and turned into Hdf5Error.
+#pragma once
+
+#include <hdf5.h>
+
+#include <map>
+#include <mutex>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "host/host_array.hpp"
+
+namespace ipupod::host {
+
+// An HDF5 call failed. The message names the action, the file and the object, and carries the
+// innermost messages of HDF5's own error stack (which is never printed to stderr).
+class Hdf5Error : public std::runtime_error {
+ public:
+  Hdf5Error(const std::string& action, const std::string& file, const std::string& object,
+            const std::string& detail);
+  const std::string& file() const { return file_; }
+  const std::string& object() const { return object_; }
+
+ private:
+  std::string file_;
+  std::string object_;
+};
+
+namespace h5 {
+
+// The serial HDF5 library is not thread-safe: every call in this layer holds this lock.
+std::unique_lock<std::recursive_mutex> lock();
+
+// Turns off HDF5's automatic error printing for the process (idempotent; called by every
+// function that opens something, so users need not call it).
+void silence_error_printing();
+
+// True if `path` exists and carries the HDF5 signature.
+bool is_hdf5_file(const std::string& path);
+
+// Owns one hid_t and closes it with the matching H5*close function.
+class Handle {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  Handle() = default;
+  Handle(hid_t id, Closer closer, std::string file, std::string object);
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  Handle(Handle&& other) noexcept;
+  Handle& operator=(Handle&& other) noexcept;
+  ~Handle();
+
+  hid_t id() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  const std::string& file() const { return file_; }
+  const std::string& object() const { return object_; }
+  // Closes now and throws Hdf5Error if HDF5 reports a failure (the destructor only logs nothing).
+  void close();
+
+ private:
+  void release() noexcept;
+  hid_t id_ = H5I_INVALID_HID;
+  Closer closer_ = nullptr;
+  std::string file_;
+  std::string object_;
+};
+
+class Datatype : public Handle {
+ public:
+  using Handle::Handle;
+  // The in-memory type for `dtype` (float16 is a custom IEEE binary16 type).
+  static Datatype memory_type(DType dtype);
+};
+
+class Dataspace : public Handle {
+ public:
+  using Handle::Handle;
+  static Dataspace simple(std::span<const std::size_t> dims, const std::string& file = "",
+                          const std::string& object = "");
+  std::vector<std::size_t> dims() const;
+  // Selects rows [first, first+count) along dimension 0 (all of the other dimensions).
+  void select_rows(std::size_t first, std::size_t count);
+};
+
+class Dataset : public Handle {
+ public:
+  using Handle::Handle;
+  std::vector<std::size_t> dims() const;
+  // The DType stored in the file; false if the file type has no DType (see type_description).
+  bool stored_dtype(DType& dtype) const;
+  // Human-readable file type, e.g. "64-bit float" or "8-bit signed integer".
+  std::string type_description() const;
+  // Reads rows [first, first+count) into `out` (count * row bytes of `dtype`).
+  void read_rows(std::size_t first, std::size_t count, DType dtype, void* out) const;
+  // Writes the whole dataset from `array` (same number of elements).
+  void write(const HostArray& array);
+};
+
+class Group : public Handle {
+ public:
+  using Handle::Handle;
+  bool has_link(const std::string& name) const;
+  bool has_group(const std::string& name) const;
+  bool has_dataset(const std::string& name) const;
+  Group open_group(const std::string& name) const;
+  Group create_group(const std::string& name);
+  Dataset open_dataset(const std::string& name) const;
+  // A chunked dataset; `chunk` has the rank of `dims` (deflate_level 0 = no compression).
+  Dataset create_dataset(const std::string& name, DType dtype, std::span<const std::size_t> dims,
+                         std::span<const std::size_t> chunk, int deflate_level = 0);
+
+  void set_string_attribute(const std::string& name, const std::string& value);
+  void set_double_attribute(const std::string& name, double value);
+  // All string attributes (fixed or variable length); other attribute types are skipped.
+  std::map<std::string, std::string> string_attributes() const;
+  // All scalar numeric attributes, converted to double; other attribute types are skipped.
+  std::map<std::string, double> numeric_attributes() const;
+
+ protected:
+  std::string child_path(const std::string& name) const;
+};
+
+class File : public Group {
+ public:
+  using Group::Group;
+  static File open(const std::string& path, bool read_only = true);
+  static File create(const std::string& path);  // truncates an existing file
+  void flush();
+};
+
+}  // namespace h5
+}  // namespace ipupod::host

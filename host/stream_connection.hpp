@@ -1,0 +1,75 @@
+// Internal to host/: one framed TCP connection with a reader thread, shared by StreamServer and
+// StreamClient. It queues incoming data/hello frames, counts credits, and records why it ended.
+#pragma once
+
+#include <atomic>
+#include <boost/asio/ip/tcp.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "host/stream_protocol.hpp"
+
+namespace ipupod::host::detail {
+
+// Before the peer has authenticated, frames larger than this are refused (a hello only carries
+// the secret), so an unauthenticated peer cannot make us allocate much.
+inline constexpr std::uint64_t kMaxHelloPayloadBytes = 4096;
+
+class Connection {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Takes the connected socket and starts the reader thread. `peer` names the other end in
+  // error messages (e.g. "client 1 (127.0.0.1:5555)").
+  Connection(boost::asio::ip::tcp::socket socket, std::string peer);
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  const std::string& peer() const { return peer_; }
+  void set_peer(std::string peer);
+  // Lifts the payload limit from kMaxHelloPayloadBytes to kMaxPayloadBytes.
+  void set_authenticated() { authenticated_ = true; }
+
+  // Encodes and writes one frame; StreamError if the connection is gone.
+  void write(FrameKind kind, const Frame& frame);
+  // Best effort: tells the peer why we are closing; never throws.
+  void write_close(const std::string& reason) noexcept;
+
+  // Next hello/data frame in arrival order. StreamError if the peer closed or the connection
+  // failed (with the reason) or nothing arrived within `timeout` (`waiting_for` says for what).
+  WireFrame pop(std::chrono::milliseconds timeout, const std::string& waiting_for);
+  // Waits until the peer has granted a credit and consumes it (same errors as pop).
+  void take_credit(std::chrono::milliseconds timeout);
+  std::uint64_t credits() const;
+
+  // Shuts the socket down, joins the reader thread and closes. Idempotent.
+  void shutdown() noexcept;
+
+ private:
+  void read_loop();
+  void read_exact(std::span<std::byte> buffer);
+  void end(const std::string& reason);
+  [[noreturn]] void throw_ended(const std::string& doing);
+
+  boost::asio::ip::tcp::socket socket_;
+  std::string peer_;
+  std::atomic<bool> authenticated_{false};
+  std::mutex write_mutex_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<WireFrame> queue_;
+  std::uint64_t credits_ = 0;
+  bool ended_ = false;
+  std::string end_reason_;
+  bool shut_down_ = false;
+  std::thread reader_;
+};
+
+}  // namespace ipupod::host::detail

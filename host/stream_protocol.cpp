@@ -1,0 +1,251 @@
+// Frame encoding/decoding and CRC-32C for the host<->IPU streams (format in stream_protocol.hpp).
+// Every length read off the wire is bounded before it is used to size a buffer.
+#include "host/stream_protocol.hpp"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstring>
+#include <limits>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <nmmintrin.h>
+#define IPUPOD_HAVE_SSE42_CRC 1
+#endif
+
+namespace ipupod::host {
+
+static_assert(std::endian::native == std::endian::little,
+              "the stream wire format copies payloads as-is and assumes a little-endian host");
+
+namespace {
+
+constexpr std::uint32_t kCrc32cPolynomial = 0x82F63B78;  // reflected Castagnoli polynomial
+
+constexpr std::array<std::uint32_t, 256> make_crc_table() {
+  std::array<std::uint32_t, 256> table{};
+  for (std::uint32_t i = 0; i < 256; ++i) {
+    std::uint32_t crc = i;
+    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ ((crc & 1U) ? kCrc32cPolynomial : 0U);
+    table[i] = crc;
+  }
+  return table;
+}
+constexpr std::array<std::uint32_t, 256> kCrcTable = make_crc_table();
+
+std::uint32_t crc32c_table(const std::byte* data, std::size_t size, std::uint32_t crc) {
+  for (std::size_t i = 0; i < size; ++i) {
+    crc = (crc >> 8) ^ kCrcTable[(crc ^ std::to_integer<std::uint32_t>(data[i])) & 0xFFU];
+  }
+  return crc;
+}
+
+#ifdef IPUPOD_HAVE_SSE42_CRC
+__attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42(const std::byte* data,
+                                                             std::size_t size, std::uint32_t crc) {
+  std::uint64_t wide = crc;
+  while (size >= 8) {
+    std::uint64_t word;
+    std::memcpy(&word, data, 8);
+    wide = _mm_crc32_u64(wide, word);
+    data += 8;
+    size -= 8;
+  }
+  std::uint32_t narrow = static_cast<std::uint32_t>(wide);
+  while (size > 0) {
+    narrow = _mm_crc32_u8(narrow, std::to_integer<std::uint8_t>(*data));
+    ++data;
+    --size;
+  }
+  return narrow;
+}
+#endif
+
+template <class T>
+void put(std::vector<std::byte>& out, T value) {
+  std::byte raw[sizeof(T)];
+  std::memcpy(raw, &value, sizeof(T));
+  out.insert(out.end(), raw, raw + sizeof(T));
+}
+
+template <class T>
+T get(const std::byte* at) {
+  T value;
+  std::memcpy(&value, at, sizeof(T));
+  return value;
+}
+
+bool valid_kind(std::uint8_t raw) {
+  return raw >= static_cast<std::uint8_t>(FrameKind::hello) &&
+         raw <= static_cast<std::uint8_t>(FrameKind::close);
+}
+
+}  // namespace
+
+std::uint32_t crc32c(std::span<const std::byte> data, std::uint32_t crc) {
+  crc = ~crc;
+#ifdef IPUPOD_HAVE_SSE42_CRC
+  static const bool hardware = __builtin_cpu_supports("sse4.2");
+  crc = hardware ? crc32c_sse42(data.data(), data.size(), crc)
+                 : crc32c_table(data.data(), data.size(), crc);
+#else
+  crc = crc32c_table(data.data(), data.size(), crc);
+#endif
+  return ~crc;
+}
+
+std::string_view frame_kind_name(FrameKind kind) {
+  switch (kind) {
+    case FrameKind::hello:
+      return "hello";
+    case FrameKind::data:
+      return "data";
+    case FrameKind::credit:
+      return "credit";
+    case FrameKind::close:
+      return "close";
+  }
+  return "unknown";
+}
+
+std::vector<std::byte> encode_frame(FrameKind kind, const Frame& frame) {
+  const HostArray& array = frame.array;
+  if (array.shape.size() > kMaxFrameRank) {
+    throw StreamError("cannot send " + array.describe() + ": rank " +
+                      std::to_string(array.shape.size()) + " exceeds the stream limit of " +
+                      std::to_string(kMaxFrameRank));
+  }
+  const std::size_t expected = array.elements() * dtype_size(array.dtype);
+  if (array.bytes.size() != expected) {
+    throw StreamError("cannot send " + array.describe() + ": it holds " +
+                      std::to_string(array.bytes.size()) + " bytes but its shape needs " +
+                      std::to_string(expected));
+  }
+  if (expected > kMaxPayloadBytes) {
+    throw StreamError("cannot send " + array.describe() + ": " + std::to_string(expected) +
+                      " bytes exceed the frame limit of " + std::to_string(kMaxPayloadBytes) +
+                      " bytes; split it into several frames");
+  }
+  std::vector<std::byte> out;
+  out.reserve(kFrameHeaderBytes + 8 * array.shape.size() + expected + kFrameTrailerBytes);
+  put<std::uint32_t>(out, kStreamMagic);
+  put<std::uint16_t>(out, kStreamVersion);
+  put<std::uint8_t>(out, static_cast<std::uint8_t>(kind));
+  put<std::uint8_t>(out, static_cast<std::uint8_t>(array.dtype));
+  put<std::uint16_t>(out, frame.stream);
+  put<std::uint8_t>(out, static_cast<std::uint8_t>(array.shape.size()));
+  put<std::uint8_t>(out, 0);
+  put<std::uint64_t>(out, frame.step);
+  put<std::uint64_t>(out, expected);
+  for (std::size_t extent : array.shape) put<std::uint64_t>(out, extent);
+  out.insert(out.end(), array.bytes.begin(), array.bytes.end());
+  put<std::uint32_t>(out, crc32c(out));
+  return out;
+}
+
+WireFrame read_frame(const ReadExact& read, std::uint64_t max_payload_bytes) {
+  max_payload_bytes = std::min(max_payload_bytes, kMaxPayloadBytes);
+  std::array<std::byte, kFrameHeaderBytes> header;
+  read(header);
+  const auto reject = [](const std::string& reason) {
+    throw StreamError("rejected stream frame: " + reason);
+  };
+  const auto magic = get<std::uint32_t>(header.data() + 0);
+  if (magic != kStreamMagic) {
+    reject("bad magic number " + std::to_string(magic) + " (expected " +
+           std::to_string(kStreamMagic) + "); the peer is not an ipupod stream endpoint");
+  }
+  const auto version = get<std::uint16_t>(header.data() + 4);
+  if (version != kStreamVersion) {
+    reject("protocol version " + std::to_string(version) + ", this build speaks version " +
+           std::to_string(kStreamVersion) + "; run the same ipupod build on every rank");
+  }
+  const auto kind = get<std::uint8_t>(header.data() + 6);
+  if (!valid_kind(kind)) reject("unknown frame kind " + std::to_string(kind));
+  const auto dtype = get<std::uint8_t>(header.data() + 7);
+  if (!is_valid_dtype(dtype)) reject("unknown dtype " + std::to_string(dtype));
+  const auto rank = get<std::uint8_t>(header.data() + 10);
+  if (rank > kMaxFrameRank) {
+    reject("rank " + std::to_string(rank) + " exceeds the limit of " +
+           std::to_string(kMaxFrameRank));
+  }
+  if (get<std::uint8_t>(header.data() + 11) != 0) reject("reserved header byte is not zero");
+  const auto payload_bytes = get<std::uint64_t>(header.data() + 20);
+  if (payload_bytes > max_payload_bytes) {
+    reject("payload length " + std::to_string(payload_bytes) + " bytes exceeds the limit of " +
+           std::to_string(max_payload_bytes) + " bytes");
+  }
+
+  std::vector<std::byte> dims_bytes(8 * std::size_t{rank});
+  read(dims_bytes);
+  WireFrame wire;
+  wire.kind = static_cast<FrameKind>(kind);
+  wire.frame.stream = get<std::uint16_t>(header.data() + 8);
+  wire.frame.step = get<std::uint64_t>(header.data() + 12);
+  HostArray& array = wire.frame.array;
+  array.dtype = static_cast<DType>(dtype);
+  array.shape.resize(rank);
+  std::uint64_t expected = dtype_size(array.dtype);
+  for (std::size_t i = 0; i < rank; ++i) {
+    const auto extent = get<std::uint64_t>(dims_bytes.data() + 8 * i);
+    array.shape[i] = extent;
+    // Either the product stays within the payload bound or it is not a valid frame.
+    if (extent != 0 && expected > max_payload_bytes / extent) {
+      expected = std::numeric_limits<std::uint64_t>::max();
+    } else {
+      expected *= extent;
+    }
+  }
+  if (expected != payload_bytes) {
+    reject("shape " + shape_string(array.shape) + " of " + std::string(dtype_name(array.dtype)) +
+           " needs " +
+           (expected == std::numeric_limits<std::uint64_t>::max()
+                ? std::string("more than the limit")
+                : std::to_string(expected)) +
+           " bytes but the payload length says " + std::to_string(payload_bytes));
+  }
+  array.bytes.resize(payload_bytes);
+  read(array.bytes);
+  std::array<std::byte, kFrameTrailerBytes> trailer;
+  read(trailer);
+  std::uint32_t crc = crc32c(header);
+  crc = crc32c(dims_bytes, crc);
+  crc = crc32c(array.bytes, crc);
+  const auto sent_crc = get<std::uint32_t>(trailer.data());
+  if (crc != sent_crc) {
+    reject("CRC32C mismatch (computed " + std::to_string(crc) + ", frame says " +
+           std::to_string(sent_crc) + "); the data was corrupted in transit");
+  }
+  return wire;
+}
+
+WireFrame decode_frame(std::span<const std::byte> bytes, std::uint64_t max_payload_bytes) {
+  std::size_t offset = 0;
+  const ReadExact read = [&](std::span<std::byte> buffer) {
+    if (buffer.size() > bytes.size() - offset) {
+      throw StreamError("rejected stream frame: truncated (needed " +
+                        std::to_string(offset + buffer.size()) + " bytes, have " +
+                        std::to_string(bytes.size()) + ")");
+    }
+    std::memcpy(buffer.data(), bytes.data() + offset, buffer.size());
+    offset += buffer.size();
+  };
+  WireFrame wire = read_frame(read, max_payload_bytes);
+  if (offset != bytes.size()) {
+    throw StreamError("rejected stream frame: " + std::to_string(bytes.size() - offset) +
+                      " trailing bytes after the frame");
+  }
+  return wire;
+}
+
+HostArray text_array(const std::string& text) {
+  HostArray array = HostArray::zeros(DType::u8, {text.size()});
+  std::memcpy(array.bytes.data(), text.data(), text.size());
+  return array;
+}
+
+std::string array_text(const HostArray& array) {
+  return std::string(reinterpret_cast<const char*>(array.bytes.data()), array.bytes.size());
+}
+
+}  // namespace ipupod::host
