@@ -1,0 +1,75 @@
+// The codelet registry: every vertex kind the device can run, its fields, its compute
+// function and its cycle estimator, with documentation that `ipupod info --codelets` prints.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ipu_process/arch.hpp"
+#include "ipu_process/graph.hpp"
+
+namespace ipupod::ipu {
+
+// One connected region as the vertex sees it: a contiguous run of its tile's memory.
+struct Region {
+  std::byte* data = nullptr;
+  std::size_t elements = 0;
+};
+
+// What a vertex's compute function may touch: its own regions and its parameters.
+class VertexContext {
+ public:
+  VertexContext(std::span<const std::span<const Region>> fields, std::span<const double> params)
+      : fields_(fields), params_(params) {}
+  std::size_t regions(std::size_t field) const { return fields_[field].size(); }
+  template <class T>
+  std::span<T> region(std::size_t field, std::size_t i = 0) const {
+    const Region& r = fields_[field][i];
+    return {reinterpret_cast<T*>(r.data), r.elements};
+  }
+  double param(std::size_t i) const { return params_[i]; }
+  std::size_t size_param(std::size_t i) const { return static_cast<std::size_t>(params_[i]); }
+
+ private:
+  std::span<const std::span<const Region>> fields_;
+  std::span<const double> params_;
+};
+
+struct Codelet {
+  std::string name;
+  std::string doc;
+  std::vector<std::string> fields;
+  std::function<void(const VertexContext&)> compute;
+  // Cycles the vertex keeps its worker busy, in tile clock cycles (a worker issues one
+  // instruction every workers_per_tile cycles).
+  std::function<std::uint64_t(const Vertex&, const ArchPreset&)> cycles;
+};
+
+class CodeletRegistry {
+ public:
+  static const CodeletRegistry& builtin();
+  void add(Codelet codelet);
+  const Codelet& get(const std::string& name) const;  // throws std::invalid_argument
+  const std::map<std::string, Codelet>& all() const { return codelets_; }
+
+ private:
+  std::map<std::string, Codelet> codelets_;
+};
+
+// Cost helpers shared by the codelets' estimators.
+std::uint64_t vector_cycles(const ArchPreset& arch, std::size_t elements,
+                            std::size_t instructions_per_vector);
+std::uint64_t amp_cycles(const ArchPreset& arch, double flops);
+
+// Each op library registers its codelets here (called once by CodeletRegistry::builtin).
+void register_elementwise_codelets(CodeletRegistry& registry);
+void register_matmul_codelets(CodeletRegistry& registry);
+void register_reduce_codelets(CodeletRegistry& registry);
+void register_loss_codelets(CodeletRegistry& registry);
+
+}  // namespace ipupod::ipu

@@ -1,0 +1,121 @@
+// The engine: compiles a device graph and its programs (tile-locality checks, static memory
+// allocation per tile, exchange plans), then runs programs in BSP supersteps counting cycles.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ipu_process/codelets.hpp"
+#include "ipu_process/graph.hpp"
+#include "ipu_process/program.hpp"
+
+namespace ipupod::ipu {
+
+struct CycleBreakdown {
+  std::uint64_t compute = 0, exchange = 0, sync = 0, host = 0, fabric = 0;
+  std::uint64_t total() const { return compute + exchange + sync + host + fabric; }
+  CycleBreakdown& operator+=(const CycleBreakdown& o);
+  CycleBreakdown operator-(const CycleBreakdown& o) const;
+};
+
+struct TensorMemory {
+  std::string name;
+  MemoryCategory category = MemoryCategory::activation;
+  std::size_t bytes = 0;
+};
+
+struct TileMemory {
+  unsigned tile = 0;
+  std::size_t always_live = 0, not_always_live = 0, vertex_state = 0, code = 0;
+  std::map<MemoryCategory, std::size_t> by_category;
+  std::vector<TensorMemory> largest;  // the biggest tensors on this tile, largest first
+  std::size_t total() const { return always_live + not_always_live + vertex_state + code; }
+};
+
+struct MemoryReport {
+  std::string arch;
+  std::size_t bytes_per_tile = 0;
+  std::vector<TileMemory> tiles;
+  std::size_t total_bytes() const;
+  const TileMemory& busiest() const;
+  std::size_t tiles_over() const;
+};
+
+class OutOfMemoryError : public std::runtime_error {
+ public:
+  OutOfMemoryError(const std::string& what, MemoryReport report)
+      : std::runtime_error(what), report_(std::move(report)) {}
+  const MemoryReport& report() const { return report_; }
+
+ private:
+  MemoryReport report_;
+};
+
+struct EngineOptions {
+  bool allow_out_of_memory = false;  // finish the compile and keep the report instead of failing
+};
+
+// How the device reaches its peers: the pod binds a fabric all-reduce over the replica group
+// and the link model's predicted time for it. The device never sees MPI.
+struct CollectiveBinding {
+  std::function<void(std::span<float>, CollectiveOp)> all_reduce;
+  std::function<double(std::size_t bytes)> predict_seconds;
+};
+
+class Engine {
+ public:
+  Engine(const Graph& graph, std::map<std::string, Program> programs, EngineOptions options = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const MemoryReport& memory() const { return memory_; }
+  void connect_input_stream(const std::string& name, std::function<void(std::span<std::byte>)> fill);
+  void connect_output_stream(const std::string& name,
+                             std::function<void(std::span<const std::byte>)> consume);
+  void bind_collectives(CollectiveBinding binding) { collectives_ = std::move(binding); }
+
+  void run(const std::string& program);
+  const CycleBreakdown& cycles() const { return cycles_; }  // accumulated over every run
+  double seconds(const CycleBreakdown& c) const;          // on the preset's clock
+
+  void write(const Tensor& t, std::span<const std::byte> bytes);
+  std::vector<std::byte> read(const Tensor& t) const;
+
+ private:
+  struct Piece {
+    unsigned tile;
+    std::byte* data;
+    std::size_t elements;
+  };
+  struct Node;
+  struct CompiledComputeSet;
+  struct CompiledExchange;
+
+  void allocate_memory();
+  std::vector<Piece> resolve(const Tensor& t) const;
+  Node compile(const Program& p);
+  void execute(const Node& node);
+
+  const Graph& graph_;
+  EngineOptions options_;
+  MemoryReport memory_;
+  std::vector<std::unique_ptr<std::byte[]>> arenas_;          // per tile, sized to its use
+  std::vector<std::vector<std::size_t>> interval_offsets_;    // per variable, per mapping interval
+  std::vector<std::unique_ptr<CompiledComputeSet>> compute_sets_;
+  std::vector<std::unique_ptr<CompiledExchange>> exchanges_;
+  std::map<std::string, std::unique_ptr<Node>> programs_;
+  std::map<std::string, std::function<void(std::span<std::byte>)>> inputs_;
+  std::map<std::string, std::function<void(std::span<const std::byte>)>> outputs_;
+  CollectiveBinding collectives_;
+  CycleBreakdown cycles_;
+  std::vector<std::byte> staging_;
+};
+
+}  // namespace ipupod::ipu

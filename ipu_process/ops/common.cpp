@@ -1,0 +1,47 @@
+// Shared layout helpers of the op libraries.
+#include "ipu_process/ops/common.hpp"
+
+#include <algorithm>
+
+namespace ipupod::ipu::ops {
+
+Tensor clone_like(Graph& graph, const Tensor& like, std::string name, MemoryCategory category,
+                  DType dtype) {
+  Tensor out = graph.add_variable(dtype, like.shape(), std::move(name), category);
+  for (const auto& iv : graph.tile_mapping(like))
+    graph.set_tile_mapping(out.slice(iv.begin, iv.end), iv.tile);
+  return out;
+}
+
+Tensor rearrange_like(Graph& graph, Program& prog, const Tensor& src, const Tensor& like,
+                      const std::string& name) {
+  const auto a = graph.tile_mapping(src), b = graph.tile_mapping(like);
+  const bool same = a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](auto& x, auto& y) {
+                      return x.begin == y.begin && x.end == y.end && x.tile == y.tile;
+                    });
+  if (same) return src;
+  Tensor out = clone_like(graph, like, name, MemoryCategory::temporary, src.dtype());
+  prog.add(Program::copy(src, out));
+  return out;
+}
+
+void for_each_worker_piece(const Graph& graph, const Tensor& t, std::size_t min_elements,
+                           const std::function<void(unsigned, std::size_t, std::size_t)>& fn) {
+  const std::size_t workers = graph.arch().workers_per_tile;
+  for (const auto& iv : graph.tile_mapping(t)) {
+    const std::size_t n = iv.end - iv.begin;
+    const std::size_t pieces = std::clamp<std::size_t>(n / std::max<std::size_t>(min_elements, 1), 1, workers);
+    const std::size_t per = (n + pieces - 1) / pieces;
+    for (std::size_t b = iv.begin; b < iv.end; b += per) fn(iv.tile, b, std::min(iv.end, b + per));
+  }
+}
+
+void for_each_row_block(const Graph& graph, std::size_t rows,
+                        const std::function<void(unsigned, std::size_t, std::size_t)>& fn) {
+  const std::size_t tiles = std::min<std::size_t>(graph.tiles(), std::max<std::size_t>(rows, 1));
+  const std::size_t per = (rows + tiles - 1) / tiles;
+  unsigned tile = 0;
+  for (std::size_t b = 0; b < rows; b += per, ++tile) fn(tile, b, std::min(rows, b + per));
+}
+
+}  // namespace ipupod::ipu::ops

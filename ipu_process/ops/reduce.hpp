@@ -1,0 +1,17 @@
+// Reduction op library: column sums (bias gradients) and scaled full sums (mean losses).
+#pragma once
+
+#include <string>
+
+#include "ipu_process/graph.hpp"
+#include "ipu_process/program.hpp"
+
+namespace ipupod::ipu::ops {
+
+// x [m, n] -> [n], the sum over rows; columns spread over tiles.
+Tensor column_sum(Graph& graph, Program& prog, const Tensor& x, const std::string& name);
+// scale * sum(x) -> a scalar (shape {}) on one tile.
+Tensor sum_scaled(Graph& graph, Program& prog, const Tensor& x, float scale, unsigned tile,
+                  const std::string& name);
+
+}  // namespace ipupod::ipu::ops

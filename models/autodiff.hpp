@@ -1,0 +1,14 @@
+// Reverse-mode automatic differentiation: appends the gradient ops of a scalar loss to the
+// graph and says which value holds each parameter's gradient.
+#pragma once
+
+#include <map>
+
+#include "models/ir.hpp"
+
+namespace ipupod::models {
+
+// Adds backward ops (phase backward) for d(loss)/d(every parameter); returns param -> gradient.
+std::map<ValueId, ValueId> build_backward(Graph& graph, ValueId loss);
+
+}  // namespace ipupod::models
