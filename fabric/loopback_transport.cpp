@@ -125,8 +125,8 @@ class LoopbackEndpoint final : public Transport {
     const std::string description = request.describe();
     std::shared_ptr<Operation> operation = state.operation;
     std::unique_lock lock(shared_.mutex);
-    const bool finished = shared_.changed.wait_for(
-        lock, shared_.wait_timeout, [&] { return operation->done || shared_.aborted; });
+    shared_.changed.wait_for(lock, shared_.wait_timeout,
+                             [&] { return operation->done || shared_.aborted; });
     if (operation->done) {
       lock.unlock();
       request.release();
@@ -140,7 +140,6 @@ class LoopbackEndpoint final : public Transport {
       throw FabricError("wait on loopback " + where() + " for the " + description +
                         " abandoned: " + shared_.abort_reason);
     }
-    (void)finished;
     throw FabricError(
         "wait on loopback " + where() + " for the " + description + " timed out after " +
         std::to_string(shared_.wait_timeout.count()) +
