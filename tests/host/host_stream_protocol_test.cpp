@@ -1,0 +1,125 @@
+// Tests of the stream frame format: CRC-32C check value, round trips, and rejection of corrupt,
+// foreign, oversized and over-ranked frames before any large allocation.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "host/stream_protocol.hpp"
+
+namespace ipupod::host {
+namespace {
+
+std::span<const std::byte> bytes_of(const std::string& text) {
+  return {reinterpret_cast<const std::byte*>(text.data()), text.size()};
+}
+
+Frame sample_frame() {
+  Frame frame;
+  frame.stream = 3;
+  frame.step = 123456789012ULL;
+  frame.array = HostArray::from_values<float>({2, 3}, std::vector<float>{1, 2, 3, 4, 5, 6.5f});
+  return frame;
+}
+
+std::string rejection(const std::vector<std::byte>& bytes) {
+  try {
+    decode_frame(bytes);
+  } catch (const StreamError& error) {
+    return error.what();
+  }
+  return "accepted";
+}
+
+void put_u64(std::vector<std::byte>& bytes, std::size_t offset, std::uint64_t value) {
+  std::memcpy(bytes.data() + offset, &value, 8);
+}
+
+TEST(Crc32c, KnownCheckValue) {
+  EXPECT_EQ(crc32c(bytes_of("123456789")), 0xE3069283u);
+  EXPECT_EQ(crc32c({}), 0u);
+  // Continuing a checksum over pieces gives the same result as one pass.
+  const std::string text = "The quick brown fox jumps over the lazy dog";
+  EXPECT_EQ(crc32c(bytes_of(text.substr(10)), crc32c(bytes_of(text.substr(0, 10)))),
+            crc32c(bytes_of(text)));
+}
+
+TEST(StreamProtocol, RoundTrip) {
+  const Frame frame = sample_frame();
+  const auto bytes = encode_frame(FrameKind::data, frame);
+  EXPECT_EQ(bytes.size(), kFrameHeaderBytes + 2 * 8 + 24 + kFrameTrailerBytes);
+  const WireFrame wire = decode_frame(bytes);
+  EXPECT_EQ(wire.kind, FrameKind::data);
+  EXPECT_EQ(wire.frame.stream, 3);
+  EXPECT_EQ(wire.frame.step, 123456789012ULL);
+  EXPECT_EQ(wire.frame.array.dtype, DType::f32);
+  EXPECT_EQ(wire.frame.array.shape, frame.array.shape);
+  EXPECT_EQ(wire.frame.array.bytes, frame.array.bytes);
+
+  Frame scalar;
+  scalar.array = HostArray::from_values<std::int32_t>({}, std::vector<std::int32_t>{-5});
+  const WireFrame back = decode_frame(encode_frame(FrameKind::data, scalar));
+  EXPECT_TRUE(back.frame.array.shape.empty());
+  EXPECT_EQ(back.frame.array.as<std::int32_t>()[0], -5);
+
+  const WireFrame close = decode_frame(encode_frame(FrameKind::close, {0, 0, text_array("bye")}));
+  EXPECT_EQ(close.kind, FrameKind::close);
+  EXPECT_EQ(array_text(close.frame.array), "bye");
+}
+
+TEST(StreamProtocol, CorruptCrcIsRejected) {
+  auto bytes = encode_frame(FrameKind::data, sample_frame());
+  bytes[kFrameHeaderBytes + 16 + 5] ^= std::byte{0x40};  // flip a payload bit
+  EXPECT_NE(rejection(bytes).find("CRC32C mismatch"), std::string::npos) << rejection(bytes);
+}
+
+TEST(StreamProtocol, BadMagicIsRejected) {
+  auto bytes = encode_frame(FrameKind::data, sample_frame());
+  bytes[0] = std::byte{'X'};
+  EXPECT_NE(rejection(bytes).find("bad magic"), std::string::npos) << rejection(bytes);
+}
+
+TEST(StreamProtocol, OversizedLengthIsRejectedBeforeAllocating) {
+  auto bytes = encode_frame(FrameKind::data, sample_frame());
+  put_u64(bytes, 20, kMaxPayloadBytes + 1);
+  EXPECT_NE(rejection(bytes).find("exceeds the limit"), std::string::npos) << rejection(bytes);
+  // Within the bound but disagreeing with the dims: also rejected before reading the payload.
+  auto lying = encode_frame(FrameKind::data, sample_frame());
+  put_u64(lying, 20, 1000);
+  EXPECT_NE(rejection(lying).find("payload length says 1000"), std::string::npos)
+      << rejection(lying);
+  // Huge dims whose product overflows.
+  auto huge = encode_frame(FrameKind::data, sample_frame());
+  put_u64(huge, kFrameHeaderBytes, std::uint64_t{1} << 62);
+  EXPECT_NE(rejection(huge).find("more than the limit"), std::string::npos) << rejection(huge);
+  // A per-connection limit below the global one (as for unauthenticated peers).
+  const auto normal = encode_frame(FrameKind::data, sample_frame());
+  EXPECT_THROW(decode_frame(normal, 8), StreamError);
+}
+
+TEST(StreamProtocol, RankTooLargeIsRejected) {
+  auto bytes = encode_frame(FrameKind::data, sample_frame());
+  bytes[10] = std::byte{9};
+  EXPECT_NE(rejection(bytes).find("rank 9 exceeds"), std::string::npos) << rejection(bytes);
+  Frame deep;
+  deep.array = HostArray::zeros(DType::u8, std::vector<std::size_t>(9, 1));
+  EXPECT_THROW(encode_frame(FrameKind::data, deep), StreamError);
+}
+
+TEST(StreamProtocol, OtherHeaderChecks) {
+  auto version = encode_frame(FrameKind::data, sample_frame());
+  version[4] = std::byte{2};
+  EXPECT_NE(rejection(version).find("version 2"), std::string::npos);
+  auto kind = encode_frame(FrameKind::data, sample_frame());
+  kind[6] = std::byte{77};
+  EXPECT_NE(rejection(kind).find("frame kind 77"), std::string::npos);
+  auto dtype = encode_frame(FrameKind::data, sample_frame());
+  dtype[7] = std::byte{0};
+  EXPECT_NE(rejection(dtype).find("unknown dtype"), std::string::npos);
+  auto truncated = encode_frame(FrameKind::data, sample_frame());
+  truncated.resize(truncated.size() - 1);
+  EXPECT_NE(rejection(truncated).find("truncated"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ipupod::host

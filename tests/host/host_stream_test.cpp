@@ -1,0 +1,210 @@
+// Tests of StreamServer/StreamClient over real loopback TCP: two-way data with two clients,
+// credit backpressure, authentication, and bounded waits when a peer is missing or gone.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "host/stream_client.hpp"
+#include "host/stream_server.hpp"
+
+namespace ipupod::host {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Generous: only reached when something is broken.
+constexpr auto kPatience = 20s;
+
+ServerConfig server_config(const std::string& secret, std::size_t clients) {
+  ServerConfig config;
+  config.secret = secret;
+  config.clients = clients;
+  config.timeout = kPatience;
+  config.log = [](const std::string&) {};
+  return config;
+}
+
+ClientConfig client_config(std::uint16_t port, const std::string& secret, std::size_t id,
+                           std::size_t credits = 4) {
+  ClientConfig config;
+  config.port = port;
+  config.secret = secret;
+  config.client_id = id;
+  config.credits = credits;
+  config.timeout = kPatience;
+  return config;
+}
+
+Frame frame_of(std::uint16_t stream, std::uint64_t step, std::int32_t value) {
+  return Frame{stream, step,
+               HostArray::from_values<std::int32_t>({2}, std::vector<std::int32_t>{value, -value})};
+}
+
+TEST(StreamSecret, IsHexAndRandom) {
+  const std::string a = make_secret();
+  EXPECT_EQ(a.size(), 32u);
+  EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_NE(a, make_secret());
+}
+
+TEST(Stream, TwoClientsRoundTripBothWays) {
+  const std::string secret = make_secret();
+  StreamServer server(server_config(secret, 2));
+  ASSERT_NE(server.port(), 0);
+  auto connect = [&](std::size_t id) {
+    return std::async(std::launch::async, [&, id] {
+      return std::make_unique<StreamClient>(client_config(server.port(), secret, id));
+    });
+  };
+  auto first = connect(1);  // ids may arrive in any order
+  auto second = connect(0);
+  server.accept_clients();
+  std::unique_ptr<StreamClient> clients[2] = {second.get(), first.get()};
+
+  for (std::uint64_t step = 0; step < 3; ++step) {
+    for (std::size_t c = 0; c < 2; ++c) {
+      server.send(c, frame_of(7, step, static_cast<std::int32_t>(10 * c + step)));
+    }
+  }
+  for (std::size_t c = 0; c < 2; ++c) {
+    for (std::uint64_t step = 0; step < 3; ++step) {
+      const Frame frame = clients[c]->receive();
+      EXPECT_EQ(frame.stream, 7);
+      EXPECT_EQ(frame.step, step);
+      EXPECT_EQ(frame.array.as<std::int32_t>()[0], static_cast<std::int32_t>(10 * c + step));
+      EXPECT_EQ(frame.array.as<std::int32_t>()[1], -static_cast<std::int32_t>(10 * c + step));
+      clients[c]->send(frame_of(2, step, static_cast<std::int32_t>(100 + c)));
+    }
+  }
+  for (std::size_t c = 0; c < 2; ++c) {
+    for (std::uint64_t step = 0; step < 3; ++step) {
+      const Frame frame = server.receive(c);
+      EXPECT_EQ(frame.stream, 2);
+      EXPECT_EQ(frame.step, step);
+      EXPECT_EQ(frame.array.as<std::int32_t>()[0], static_cast<std::int32_t>(100 + c));
+    }
+  }
+}
+
+TEST(Stream, SendBlocksWhenTheClientHasNoCredit) {
+  const std::string secret = make_secret();
+  StreamServer server(server_config(secret, 1));
+  auto pending = std::async(std::launch::async, [&] {
+    return std::make_unique<StreamClient>(client_config(server.port(), secret, 0, /*credits=*/2));
+  });
+  server.accept_clients();
+  auto client = pending.get();
+
+  server.send(0, frame_of(0, 0, 1));
+  server.send(0, frame_of(0, 1, 2));
+  std::atomic<bool> third_sent{false};
+  std::thread sender([&] {
+    server.send(0, frame_of(0, 2, 3));
+    third_sent = true;
+  });
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(third_sent) << "the third send should wait for a credit";
+  EXPECT_EQ(server.credits(0), 0u);
+
+  EXPECT_EQ(client->receive().step, 0u);  // grants one credit back
+  const auto deadline = std::chrono::steady_clock::now() + kPatience;
+  while (!third_sent && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  sender.join();
+  EXPECT_TRUE(third_sent);
+  EXPECT_EQ(client->receive().step, 1u);
+  EXPECT_EQ(client->receive().step, 2u);
+}
+
+TEST(Stream, WrongSecretIsRefusedAndTheRightOneWorks) {
+  const std::string secret = make_secret();
+  std::mutex log_mutex;
+  std::vector<std::string> log;
+  ServerConfig config = server_config(secret, 1);
+  config.log = [&](const std::string& line) {
+    std::lock_guard<std::mutex> guard(log_mutex);
+    log.push_back(line);
+  };
+  StreamServer server(config);
+  auto accepted = std::async(std::launch::async, [&] { server.accept_clients(); });
+
+  try {
+    StreamClient intruder(client_config(server.port(), "not-the-secret", 0));
+    FAIL() << "a client with the wrong secret was accepted";
+  } catch (const StreamError& error) {
+    EXPECT_NE(std::string(error.what()).find("wrong secret"), std::string::npos) << error.what();
+  }
+  StreamClient good(client_config(server.port(), secret, 0));
+  accepted.get();
+  {
+    std::lock_guard<std::mutex> guard(log_mutex);
+    ASSERT_EQ(log.size(), 1u);
+    EXPECT_NE(log[0].find("wrong secret"), std::string::npos) << log[0];
+  }
+  server.send(0, frame_of(1, 5, 9));
+  EXPECT_EQ(good.receive().step, 5u);
+}
+
+TEST(Stream, DuplicateAndUnknownIdsAreRefused) {
+  const std::string secret = make_secret();
+  StreamServer server(server_config(secret, 2));
+  auto accepted = std::async(std::launch::async, [&] { server.accept_clients(); });
+  StreamClient zero(client_config(server.port(), secret, 0));
+  EXPECT_THROW(StreamClient(client_config(server.port(), secret, 0)), StreamError);
+  EXPECT_THROW(StreamClient(client_config(server.port(), secret, 5)), StreamError);
+  StreamClient one(client_config(server.port(), secret, 1));
+  accepted.get();
+}
+
+TEST(Stream, AcceptTimesOutNamingTheMissingClients) {
+  ServerConfig config = server_config(make_secret(), 2);
+  config.timeout = 200ms;
+  StreamServer server(config);
+  try {
+    server.accept_clients();
+    FAIL() << "expected a timeout";
+  } catch (const StreamError& error) {
+    EXPECT_NE(std::string(error.what()).find("missing client ids 0, 1"), std::string::npos)
+        << error.what();
+  }
+}
+
+TEST(Stream, ReceiveReportsADisconnectedClient) {
+  const std::string secret = make_secret();
+  StreamServer server(server_config(secret, 1));
+  auto pending = std::async(std::launch::async, [&] {
+    return std::make_unique<StreamClient>(client_config(server.port(), secret, 0));
+  });
+  server.accept_clients();
+  auto client = pending.get();
+  client->send(frame_of(0, 1, 1));
+  client->close();
+  EXPECT_EQ(server.receive(0).step, 1u);  // frames sent before the close still arrive
+  try {
+    server.receive(0);
+    FAIL() << "expected StreamError";
+  } catch (const StreamError& error) {
+    EXPECT_NE(std::string(error.what()).find("client 0"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("closed"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(server.send(0, frame_of(0, 2, 2)), StreamError);
+}
+
+TEST(Stream, ClientSeesTheHostClosing) {
+  const std::string secret = make_secret();
+  StreamServer server(server_config(secret, 1));
+  auto pending = std::async(std::launch::async, [&] {
+    return std::make_unique<StreamClient>(client_config(server.port(), secret, 0));
+  });
+  server.accept_clients();
+  auto client = pending.get();
+  server.close();
+  EXPECT_THROW(client->receive(), StreamError);
+}
+
+}  // namespace
+}  // namespace ipupod::host
