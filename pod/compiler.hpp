@@ -1,0 +1,40 @@
+// The pod compiler: lowers a model's IR onto one emulated IPU with the device's op libraries
+// and builds the training and evaluation programs (micro-batch loop, gradient accumulation,
+// replica all-reduce, optimizer step, device iterations).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ipu_process/graph.hpp"
+#include "ipu_process/program.hpp"
+#include "models/zoo.hpp"
+
+namespace ipupod::pod {
+
+// Names of the host streams the compiled programs use.
+inline constexpr const char* kInputStream = "input";
+inline constexpr const char* kLabelStream = "labels";
+inline constexpr const char* kLossStream = "loss";
+inline constexpr const char* kLogitsStream = "logits";
+
+struct StepShape {
+  std::size_t gradient_accumulation = 1;
+  std::size_t device_iterations = 1;
+  std::size_t replicas = 1;
+};
+
+struct CompiledModel {
+  std::unique_ptr<ipu::Graph> graph;
+  std::map<std::string, ipu::Program> programs;  // "train", "eval"
+  std::map<models::ValueId, ipu::Tensor> parameters;
+  std::vector<std::pair<ipu::Tensor, float>> constants;  // to fill after the engine is built
+  ipu::Tensor input, labels, logits, loss;
+};
+
+CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset& arch,
+                              const StepShape& shape);
+
+}  // namespace ipupod::pod

@@ -1,0 +1,59 @@
+// Validation of the training configuration with messages a user can act on.
+#include "pod/config.hpp"
+
+#include "fabric/topology.hpp"
+#include "ipu_process/arch.hpp"
+#include "models/zoo.hpp"
+
+namespace ipupod::pod {
+
+void validate(const TrainConfig& c, int world_size) {
+  const auto positive = [](std::size_t v, const char* option) {
+    if (v == 0) throw UsageError(std::string(option) + " must be at least 1, got 0");
+  };
+  positive(c.replicas, "--replicas");
+  positive(c.stages, "--stages");
+  positive(c.micro_batch, "--micro-batch");
+  positive(c.gradient_accumulation, "--gradient-accumulation");
+  positive(c.device_iterations, "--device-iterations");
+  positive(c.epochs, "--epochs");
+  if (c.data.empty()) throw UsageError("--data is required: an HDF5 file made by `ipupod data`");
+  bool known_model = false;
+  std::string models;
+  for (const auto& e : models::zoo()) {
+    known_model |= e.name == c.model;
+    models += (models.empty() ? "" : ", ") + e.name;
+  }
+  if (!known_model)
+    throw UsageError("unknown model '" + c.model + "'; known models: " + models +
+                     " (see `ipupod info --models`)");
+  try {
+    ipu::ArchPreset::get(c.arch);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--arch: ") + e.what());
+  }
+  try {
+    const auto topo = fabric::Topology::preset(c.topology);
+    if (static_cast<std::size_t>(topo.ipus()) < c.ipus())
+      throw UsageError("--topology " + c.topology + " has " + std::to_string(topo.ipus()) +
+                       " IPUs, the run needs " + std::to_string(c.ipus()) + " (" +
+                       std::to_string(c.replicas) + " replicas x " + std::to_string(c.stages) +
+                       " stages); choose a larger topology");
+  } catch (const UsageError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw UsageError(std::string("--topology: ") + e.what());
+  }
+  if (c.stages > 1)
+    throw UsageError("--stages " + std::to_string(c.stages) +
+                     ": pipelined execution is not implemented yet; use --stages 1 "
+                     "(data-parallel replicas work)");
+  if (!(c.learning_rate > 0)) throw UsageError("--learning-rate must be positive");
+  if (world_size != static_cast<int>(c.world_size()))
+    throw UsageError("the MPI world has " + std::to_string(world_size) + " ranks, but 1 host + " +
+                     std::to_string(c.replicas) + " replicas x " + std::to_string(c.stages) +
+                     " stages needs " + std::to_string(c.world_size()) + "; run with `mpirun -n " +
+                     std::to_string(c.world_size()) + " ipupod train ...`");
+}
+
+}  // namespace ipupod::pod

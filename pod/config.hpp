@@ -1,0 +1,51 @@
+// The training configuration in PopTorch's vocabulary, and its validation against the MPI
+// world it runs in. Every rank parses the same arguments and reaches the same verdict.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ipupod::pod {
+
+// Bad usage or bad input: the command exits with code 2 and this message.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct TrainConfig {
+  std::string model = "mlp";
+  std::vector<std::size_t> hidden = {128};
+  std::string data;
+  std::string arch = "mk2";
+  std::string topology = "pod16";
+  std::size_t replicas = 1;
+  std::size_t stages = 1;
+  std::size_t micro_batch = 16;
+  std::size_t gradient_accumulation = 1;
+  std::size_t device_iterations = 1;
+  std::size_t epochs = 1;
+  double learning_rate = 0.05;
+  std::uint64_t seed = 1;
+  bool shuffle = true;
+  bool allow_out_of_memory = false;
+  std::string run_dir = "run";
+  std::string bind_address = "127.0.0.1";
+  double timeout_s = 120;  // host <-> IPU stream operations
+
+  std::size_t ipus() const { return replicas * stages; }
+  std::size_t world_size() const { return 1 + ipus(); }
+  // Samples one replica consumes per host step (one run of the device's training program).
+  std::size_t samples_per_replica_step() const {
+    return micro_batch * gradient_accumulation * device_iterations;
+  }
+  std::size_t global_batch() const { return micro_batch * gradient_accumulation * replicas; }
+};
+
+// Checks the options on their own and against the MPI world size; throws UsageError.
+void validate(const TrainConfig& config, int world_size);
+
+}  // namespace ipupod::pod

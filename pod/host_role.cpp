@@ -1,0 +1,314 @@
+// The host rank of a training job: reads the HDF5 data set, streams each replica its shard over
+// TCP, collects losses, evaluation outputs and predicted cycles, and writes the run directory.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include <boost/asio/ip/host_name.hpp>
+#include <nlohmann/json.hpp>
+
+#include "host/dataset.hpp"
+#include "host/loader.hpp"
+#include "host/stream_server.hpp"
+#include "ipu_process/arch.hpp"
+#include "pod/report.hpp"
+#include "pod/train.hpp"
+#include "pod/wire.hpp"
+
+namespace ipupod::pod {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+host::HostArray slice_samples(const host::HostArray& a, std::size_t first, std::size_t count) {
+  host::HostArray out;
+  out.dtype = a.dtype;
+  out.shape = a.shape;
+  out.shape[0] = count;
+  const std::size_t sample_bytes = a.bytes.size() / a.shape[0];
+  out.bytes.assign(a.bytes.begin() + static_cast<std::ptrdiff_t>(first * sample_bytes),
+                   a.bytes.begin() + static_cast<std::ptrdiff_t>((first + count) * sample_bytes));
+  return out;
+}
+
+// Checks the data set suits a classifier and returns the class count (max label + 1).
+std::size_t check_classification_data(const host::DatasetFile& file) {
+  std::int32_t max_label = -1;
+  for (const char* split : {"train", "test"}) {
+    const host::SplitInfo info = file.info(split);
+    if (info.inputs.dtype != host::DType::f32)
+      throw host::DatasetError(file.path() + ": /" + split + "/inputs is " +
+                               std::string(host::dtype_name(info.inputs.dtype)) +
+                               ", the model needs float32 inputs");
+    if (info.targets.dtype != host::DType::i32 || !info.targets.sample_shape.empty())
+      throw host::DatasetError(file.path() + ": /" + split + "/targets must hold one int32 class "
+                               "label per sample for a classifier, got " +
+                               std::string(host::dtype_name(info.targets.dtype)) + " of shape " +
+                               host::shape_string(info.targets.sample_shape));
+    std::vector<std::size_t> all(info.samples);
+    for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+    const host::HostArray labels = file.read_targets(split, all);
+    for (std::size_t i = 0; i < labels.elements(); ++i) {
+      const std::int32_t y = labels.as<const std::int32_t>()[i];
+      if (y < 0)
+        throw host::DatasetError(file.path() + ": /" + split + "/targets[" + std::to_string(i) +
+                                 "] is " + std::to_string(y) + "; class labels must be >= 0");
+      max_label = std::max(max_label, y);
+    }
+  }
+  return static_cast<std::size_t>(max_label) + 1;
+}
+
+struct EpochMetrics {
+  std::size_t epoch = 0;
+  double train_loss = 0, test_loss = 0, test_accuracy = 0;
+  std::size_t test_samples = 0;
+  double measured_samples_per_s = 0, predicted_samples_per_s = 0;
+};
+
+std::uint64_t cycles_total(const host::HostArray& a, std::vector<std::uint64_t>* parts) {
+  auto v = a.as<const std::uint32_t>();
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i + 1 < v.size(); i += 2) {
+    const std::uint64_t c = (std::uint64_t{v[i]} << 32) | v[i + 1];
+    if (parts) parts->push_back(c);
+    total += c;
+  }
+  return total;
+}
+
+host::Frame expect_frame(host::StreamServer& server, std::size_t replica, StreamId id) {
+  host::Frame f = server.receive(replica);
+  if (f.stream != id)
+    throw std::runtime_error("replica " + std::to_string(replica) + " sent stream " +
+                             std::to_string(f.stream) + " where stream " + std::to_string(id) +
+                             " was expected");
+  return f;
+}
+
+}  // namespace
+
+int run_host(const TrainConfig& c, MPI_Comm world) {
+  Startup startup;
+  std::unique_ptr<host::Loader> train, test;
+  std::unique_ptr<host::StreamServer> server;
+  const auto timeout = std::chrono::milliseconds(static_cast<long>(c.timeout_s * 1000));
+  try {
+    train = std::make_unique<host::Loader>(host::LoaderConfig{
+        c.data, "train", c.replicas, c.samples_per_replica_step(), c.shuffle, c.seed});
+    test = std::make_unique<host::Loader>(
+        host::LoaderConfig{c.data, "test", c.replicas, c.micro_batch, false, c.seed});
+    startup.classes = check_classification_data(train->file());
+    startup.sample_shape = train->info().inputs.sample_shape;
+    startup.train_steps = train->steps_per_epoch();
+    startup.test_steps = test->steps_per_epoch();
+    startup.secret = host::make_secret();
+    server = std::make_unique<host::StreamServer>(
+        host::ServerConfig{.bind_address = c.bind_address, .port = 0, .secret = startup.secret,
+                           .clients = c.replicas, .timeout = timeout, .hello_timeout = timeout,
+                           .log = {}});
+    startup.address = c.bind_address == "0.0.0.0" ? boost::asio::ip::host_name() : c.bind_address;
+    startup.port = server->port();
+    std::filesystem::create_directories(c.run_dir);
+  } catch (const host::DatasetError& e) {
+    startup.status = 2;
+    startup.message = e.what();
+  } catch (const std::exception& e) {
+    startup.status = 1;
+    startup.message = e.what();
+  }
+  broadcast_startup(startup, 0, world);
+  MPI_Comm none = MPI_COMM_NULL;
+  MPI_Comm_split(world, MPI_UNDEFINED, 0, &none);
+  if (startup.status != 0) {
+    std::cerr << "ipupod train: " << startup.message << "\n";
+    return startup.status;
+  }
+  server->accept_clients();
+  const ipu::ArchPreset& arch = ipu::ArchPreset::get(c.arch);
+  const std::size_t micro_batches_per_step = c.gradient_accumulation * c.device_iterations;
+  const std::size_t samples_per_host_step = c.samples_per_replica_step() * c.replicas;
+  std::cout << "ipupod: " << c.replicas << " replica(s) x " << c.stages << " stage(s) on "
+            << arch.description << "; " << startup.train_steps << " host steps/epoch of "
+            << samples_per_host_step << " samples (micro-batch " << c.micro_batch
+            << ", gradient accumulation " << c.gradient_accumulation << ", device iterations "
+            << c.device_iterations << "), " << startup.test_steps * c.micro_batch * c.replicas
+            << " test samples" << std::endl;
+
+  // One feeder per replica sends its shard ahead of the IPU, as far as its credits allow.
+  std::vector<std::thread> feeders;
+  for (std::size_t r = 0; r < c.replicas; ++r)
+    feeders.emplace_back([&, r] {
+      try {
+        std::uint64_t step = 0;
+        for (std::size_t e = 0; e < c.epochs; ++e) {
+          for (std::size_t s = 0; s < startup.train_steps; ++s, ++step) {
+            const host::Batch b = train->batch(e, s, r);
+            for (std::size_t m = 0; m < micro_batches_per_step; ++m) {
+              server->send(r, {kInputFrames, step, slice_samples(b.inputs, m * c.micro_batch, c.micro_batch)});
+              server->send(r, {kLabelFrames, step, slice_samples(b.targets, m * c.micro_batch, c.micro_batch)});
+            }
+          }
+          for (std::size_t t = 0; t < startup.test_steps; ++t) {
+            const host::Batch b = test->batch(0, t, r);
+            server->send(r, {kInputFrames, step, b.inputs});
+            server->send(r, {kLabelFrames, step, b.targets});
+          }
+        }
+      } catch (const std::exception& e) {
+        std::cerr << "ipupod train: host feeder of replica " << r << " failed: " << e.what() << std::endl;
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+    });
+
+  std::ostringstream csv;
+  csv << "epoch,step,loss,measured_samples_per_s\n";
+  std::vector<EpochMetrics> epochs;
+  double train_seconds = 0;
+  std::vector<std::uint64_t> cycle_parts;
+  std::uint64_t max_cycles = 0;
+  const std::size_t progress_every = std::max<std::size_t>(1, startup.train_steps / 5);
+  for (std::size_t e = 0; e < c.epochs; ++e) {
+    EpochMetrics m;
+    m.epoch = e;
+    const auto t0 = Clock::now();
+    double epoch_loss = 0;
+    for (std::size_t s = 0; s < startup.train_steps; ++s) {
+      double step_loss = 0;
+      for (std::size_t r = 0; r < c.replicas; ++r)
+        for (std::size_t k = 0; k < micro_batches_per_step; ++k)
+          step_loss += expect_frame(*server, r, kLossFrames).array.as<const float>()[0];
+      step_loss /= static_cast<double>(c.replicas * micro_batches_per_step);
+      epoch_loss += step_loss;
+      const double elapsed = train_seconds + std::chrono::duration<double>(Clock::now() - t0).count();
+      const double done = static_cast<double>((e * startup.train_steps + s + 1) * samples_per_host_step);
+      csv << e << "," << s << "," << step_loss << "," << done / elapsed << "\n";
+      if ((s + 1) % progress_every == 0 || s + 1 == startup.train_steps)
+        std::cout << "  epoch " << e + 1 << "/" << c.epochs << " step " << s + 1 << "/"
+                  << startup.train_steps << "  loss " << std::fixed << std::setprecision(4)
+                  << step_loss << "  " << std::setprecision(0) << done / elapsed
+                  << " samples/s (emulator)" << std::endl;
+    }
+    train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    m.train_loss = epoch_loss / static_cast<double>(std::max<std::size_t>(startup.train_steps, 1));
+    // Predicted cycles of the training so far: the slowest replica sets the pace.
+    max_cycles = 0;
+    for (std::size_t r = 0; r < c.replicas; ++r) {
+      std::vector<std::uint64_t> parts;
+      const std::uint64_t total = cycles_total(expect_frame(*server, r, kCycleFrames).array, &parts);
+      if (total >= max_cycles) max_cycles = total, cycle_parts = parts;
+    }
+    const double trained = static_cast<double>((e + 1) * startup.train_steps * samples_per_host_step);
+    m.measured_samples_per_s = trained / train_seconds;
+    m.predicted_samples_per_s = max_cycles ? trained / (static_cast<double>(max_cycles) / arch.clock_hz) : 0;
+    // Evaluation on each replica's shard of the test split.
+    std::size_t correct = 0;
+    double test_loss = 0;
+    for (std::size_t t = 0; t < startup.test_steps; ++t)
+      for (std::size_t r = 0; r < c.replicas; ++r) {
+        const host::Frame logits = expect_frame(*server, r, kLogitsFrames);
+        const host::Frame loss = expect_frame(*server, r, kLossFrames);
+        test_loss += loss.array.as<const float>()[0];
+        const auto labels = test->batch(0, t, r).targets;
+        const auto l = logits.array.as<const float>();
+        for (std::size_t i = 0; i < c.micro_batch; ++i) {
+          const float* row = l.data() + i * startup.classes;
+          const auto best = std::max_element(row, row + startup.classes) - row;
+          correct += best == labels.as<const std::int32_t>()[i];
+        }
+      }
+    m.test_samples = startup.test_steps * c.replicas * c.micro_batch;
+    m.test_loss = test_loss / static_cast<double>(std::max<std::size_t>(startup.test_steps * c.replicas, 1));
+    m.test_accuracy = m.test_samples ? static_cast<double>(correct) / static_cast<double>(m.test_samples) : 0;
+    std::cout << "epoch " << e + 1 << "/" << c.epochs << ": train loss " << std::setprecision(4)
+              << m.train_loss << ", test loss " << m.test_loss << ", test accuracy "
+              << std::setprecision(2) << 100 * m.test_accuracy << "% (" << m.test_samples
+              << " samples); " << std::setprecision(0) << m.measured_samples_per_s
+              << " samples/s measured, " << m.predicted_samples_per_s
+              << " samples/s predicted on " << arch.name << std::endl;
+    epochs.push_back(m);
+  }
+  for (auto& f : feeders) f.join();
+
+  // Reports and final weights from every replica; the replicas must agree bit for bit.
+  nlohmann::json memory = nlohmann::json::array();
+  std::vector<std::vector<std::vector<std::byte>>> weights(c.replicas);
+  for (std::size_t r = 0; r < c.replicas; ++r) {
+    const host::Frame report = expect_frame(*server, r, kReportFrames);
+    const auto text = report.array.as<const std::uint8_t>();
+    nlohmann::json j = nlohmann::json::parse(text.begin(), text.end());
+    j["ipu"] = r * c.stages;
+    j["replica"] = r;
+    const std::size_t tensors = j.at("parameter_tensors");
+    for (std::size_t p = 0; p < tensors; ++p)
+      weights[r].push_back(std::move(expect_frame(*server, r, kWeightFrames).array.bytes));
+    memory.push_back(std::move(j));
+  }
+  bool identical = true;
+  std::size_t parameters = 0;
+  std::vector<std::string> checksums;
+  for (std::size_t r = 0; r < c.replicas; ++r) {
+    std::uint64_t h = 1469598103934665603ull;  // FNV-1a over every weight byte
+    for (const auto& tensor : weights[r]) {
+      for (std::byte b : tensor) h = (h ^ static_cast<std::uint8_t>(b)) * 1099511628211ull;
+      if (r == 0) parameters += tensor.size() / sizeof(float);
+    }
+    std::ostringstream hex;
+    hex << std::hex << std::setw(16) << std::setfill('0') << h;
+    checksums.push_back(hex.str());
+    identical = identical && weights[r] == weights[0];
+  }
+  server->close();
+
+  const auto breakdown_seconds = [&](std::size_t i) {
+    return i < cycle_parts.size() ? static_cast<double>(cycle_parts[i]) / arch.clock_hz : 0.0;
+  };
+  const double host_steps = static_cast<double>(c.epochs * startup.train_steps);
+  nlohmann::json per_step = {{"compute", breakdown_seconds(0) / host_steps},
+                             {"exchange", breakdown_seconds(1) / host_steps},
+                             {"sync", breakdown_seconds(2) / host_steps},
+                             {"host", breakdown_seconds(3) / host_steps},
+                             {"fabric", breakdown_seconds(4) / host_steps}};
+  nlohmann::json epoch_json = nlohmann::json::array();
+  for (const auto& m : epochs)
+    epoch_json.push_back({{"epoch", m.epoch + 1},
+                          {"train_loss", m.train_loss},
+                          {"test_loss", m.test_loss},
+                          {"test_accuracy", m.test_accuracy},
+                          {"test_samples", m.test_samples},
+                          {"measured_samples_per_s", m.measured_samples_per_s},
+                          {"predicted_samples_per_s", m.predicted_samples_per_s}});
+  const EpochMetrics& last = epochs.back();
+  nlohmann::json summary = {
+      {"config",
+       {{"model", c.model}, {"hidden", c.hidden}, {"data", c.data}, {"arch", c.arch},
+        {"topology", c.topology}, {"replicas", c.replicas}, {"stages", c.stages},
+        {"micro_batch", c.micro_batch}, {"gradient_accumulation", c.gradient_accumulation},
+        {"device_iterations", c.device_iterations}, {"epochs", c.epochs},
+        {"learning_rate", c.learning_rate}, {"seed", c.seed}, {"global_batch", c.global_batch()}}},
+      {"samples_trained", static_cast<std::size_t>(host_steps) * samples_per_host_step},
+      {"train_seconds", train_seconds},
+      {"measured_samples_per_s", last.measured_samples_per_s},
+      {"predicted_ipu_samples_per_s", last.predicted_samples_per_s},
+      {"predicted_seconds_per_host_step", per_step},
+      {"test_accuracy", last.test_accuracy},
+      {"test_loss", last.test_loss},
+      {"epochs", epoch_json},
+      {"parameters", parameters},
+      {"replica_weight_checksums", checksums},
+      {"replica_weights_identical", identical}};
+  write_file_atomically(c.run_dir, "summary.json", summary.dump(2) + "\n");
+  write_file_atomically(c.run_dir, "metrics.csv", csv.str());
+  write_file_atomically(c.run_dir, "memory.json", memory.dump(1) + "\n");
+  std::cout << "ipupod: replicas' final weights are " << (identical ? "bitwise identical" : "DIFFERENT")
+            << "; wrote " << c.run_dir << "/{summary.json,metrics.csv,memory.json}" << std::endl;
+  return identical ? 0 : 1;
+}
+
+}  // namespace ipupod::pod

@@ -1,0 +1,143 @@
+// The IPU ranks of a training job: compile the model onto the emulated IPU, take batches from
+// the host's TCP streams, all-reduce gradients over the fabric, send losses and reports back.
+#include <cstring>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fabric/collectives.hpp"
+#include "fabric/mpi_transport.hpp"
+#include "fabric/topology.hpp"
+#include "host/stream_client.hpp"
+#include "ipu_process/engine.hpp"
+#include "models/interpreter.hpp"
+#include "pod/compiler.hpp"
+#include "pod/report.hpp"
+#include "pod/train.hpp"
+#include "pod/wire.hpp"
+
+namespace ipupod::pod {
+namespace {
+
+host::HostArray array_of(host::DType dtype, std::vector<std::size_t> shape,
+                         std::span<const std::byte> bytes) {
+  host::HostArray a;
+  a.dtype = dtype;
+  a.shape = std::move(shape);
+  a.bytes.assign(bytes.begin(), bytes.end());
+  return a;
+}
+
+// Takes the next host frame into a device stream buffer, checking it is the one expected.
+void take_frame(host::StreamClient& client, StreamId expected, std::span<std::byte> dst) {
+  host::Frame f = client.receive();
+  if (f.stream != expected || f.array.bytes.size() != dst.size())
+    throw std::runtime_error("host stream out of step: expected stream " +
+                             std::to_string(expected) + " with " + std::to_string(dst.size()) +
+                             " bytes, got stream " + std::to_string(f.stream) + " with " +
+                             std::to_string(f.array.bytes.size()) + " bytes");
+  std::memcpy(dst.data(), f.array.bytes.data(), dst.size());
+}
+
+host::HostArray cycles_array(const ipu::CycleBreakdown& c) {
+  const std::uint64_t values[] = {c.compute, c.exchange, c.sync, c.host, c.fabric};
+  host::HostArray a = host::HostArray::zeros(host::DType::u32, {5, 2});
+  auto out = a.as<std::uint32_t>();
+  for (std::size_t i = 0; i < 5; ++i) {
+    out[2 * i] = static_cast<std::uint32_t>(values[i] >> 32);
+    out[2 * i + 1] = static_cast<std::uint32_t>(values[i] & 0xffffffffu);
+  }
+  return a;
+}
+
+}  // namespace
+
+int run_ipu(const TrainConfig& config, MPI_Comm world) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  const Startup startup = broadcast_startup({}, 0, world);
+  // Replica group of this stage (the gradient all-reduce); the host takes no part.
+  const int stage = static_cast<int>((rank - 1) % config.stages);
+  const int replica = static_cast<int>((rank - 1) / config.stages);
+  MPI_Comm replicas_comm = MPI_COMM_NULL;
+  MPI_Comm_split(world, startup.status == 0 ? stage : MPI_UNDEFINED, rank, &replicas_comm);
+  if (startup.status != 0) return startup.status;
+
+  const ipu::ArchPreset& arch = ipu::ArchPreset::get(config.arch);
+  models::ModelOptions options;
+  options.micro_batch = config.micro_batch;
+  options.sample_shape = startup.sample_shape;
+  options.classes = startup.classes;
+  options.hidden = config.hidden;
+  options.learning_rate = config.learning_rate;
+  const models::Model model = models::build_model(config.model, options);
+  CompiledModel compiled = compile_for_ipu(
+      model, arch, {config.gradient_accumulation, config.device_iterations, config.replicas});
+  ipu::Engine engine(*compiled.graph, compiled.programs, {config.allow_out_of_memory});
+
+  // Every replica starts from the same weights: the initialiser is keyed by the seed only.
+  for (const auto& [id, tensor] : compiled.parameters) {
+    const models::Buffer init = models::initial_parameter(model.graph, id, config.seed);
+    engine.write(tensor, std::as_bytes(std::span(init.f)));
+  }
+  for (const auto& [tensor, value] : compiled.constants) {
+    std::vector<float> fill(tensor.elements(), value);
+    engine.write(tensor, std::as_bytes(std::span(fill)));
+  }
+
+  const auto timeout = std::chrono::milliseconds(static_cast<long>(config.timeout_s * 1000));
+  host::StreamClient client({.address = startup.address, .port = startup.port,
+                             .secret = startup.secret, .client_id = static_cast<std::size_t>(replica),
+                             .credits = 8, .timeout = timeout});
+  std::uint64_t step = 0;
+  engine.connect_input_stream(kInputStream, [&](std::span<std::byte> dst) {
+    take_frame(client, kInputFrames, dst);
+  });
+  engine.connect_input_stream(kLabelStream, [&](std::span<std::byte> dst) {
+    take_frame(client, kLabelFrames, dst);
+  });
+  engine.connect_output_stream(kLossStream, [&](std::span<const std::byte> src) {
+    client.send({kLossFrames, step, array_of(host::DType::f32, {}, src)});
+  });
+  engine.connect_output_stream(kLogitsStream, [&](std::span<const std::byte> src) {
+    client.send({kLogitsFrames, step, array_of(host::DType::f32, compiled.logits.shape(), src)});
+  });
+
+  fabric::MpiTransport transport(replicas_comm);
+  const fabric::Topology topology = fabric::Topology::preset(config.topology);
+  std::vector<int> ring;  // IPUs of this stage's replicas, in replica order
+  for (std::size_t r = 0; r < config.replicas; ++r)
+    ring.push_back(static_cast<int>(r * config.stages) + stage);
+  engine.bind_collectives(
+      {[&](std::span<float> data, ipu::CollectiveOp op) {
+         fabric::all_reduce(transport, data,
+                            op == ipu::CollectiveOp::mean ? fabric::ReduceOp::mean
+                                                          : fabric::ReduceOp::sum);
+       },
+       [&](std::size_t bytes) { return fabric::predict_all_reduce_seconds(topology, ring, bytes); }});
+
+  ipu::CycleBreakdown training;
+  for (std::size_t epoch = 0; epoch < config.epochs; ++epoch) {
+    for (std::size_t s = 0; s < startup.train_steps; ++s, ++step) {
+      const ipu::CycleBreakdown before = engine.cycles();
+      engine.run("train");
+      training += engine.cycles() - before;
+    }
+    client.send({kCycleFrames, step, cycles_array(training)});
+    for (std::size_t t = 0; t < startup.test_steps; ++t) engine.run("eval");
+  }
+
+  nlohmann::json report_json = memory_report_json(engine.memory(), arch);
+  report_json["parameter_tensors"] = compiled.parameters.size();
+  const std::string report = report_json.dump();
+  client.send({kReportFrames, step,
+               array_of(host::DType::u8, {report.size()}, std::as_bytes(std::span(report)))});
+  for (const auto& [id, tensor] : compiled.parameters)
+    client.send({kWeightFrames, static_cast<std::uint64_t>(id),
+                 array_of(host::DType::f32, tensor.shape(), engine.read(tensor))});
+  client.close();
+  MPI_Comm_free(&replicas_comm);
+  return 0;
+}
+
+}  // namespace ipupod::pod

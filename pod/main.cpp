@@ -1,0 +1,123 @@
+// The `ipupod` command: git-style subcommands train, info and data.
+// Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad input.
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "datasets/fashion_mnist.hpp"
+#include "host/dataset.hpp"
+#include "pod/config.hpp"
+#include "pod/info.hpp"
+#include "pod/train.hpp"
+
+namespace {
+
+using ipupod::pod::TrainConfig;
+
+void add_train_options(CLI::App& train, TrainConfig& c) {
+  train.add_option("--model", c.model, "Model of the zoo to train (see `ipupod info --models`)")
+      ->capture_default_str();
+  train.add_option("--hidden", c.hidden, "mlp: widths of the hidden layers")->capture_default_str();
+  train.add_option("--data", c.data, "HDF5 training data made by `ipupod data` (/train, /test)")
+      ->required();
+  train.add_option("--arch", c.arch, "IPU architecture preset: mk1, mk2, bow, tiny")
+      ->capture_default_str();
+  train.add_option("--topology", c.topology, "Pod topology preset for the link cost model")
+      ->capture_default_str();
+  train.add_option("--replicas", c.replicas, "Data-parallel replicas (PopTorch replicationFactor)")
+      ->capture_default_str();
+  train.add_option("--stages", c.stages, "Pipeline stages, IPUs per replica (1 for now)")
+      ->capture_default_str();
+  train.add_option("--micro-batch", c.micro_batch, "Samples per micro-batch on each replica")
+      ->capture_default_str();
+  train.add_option("--gradient-accumulation", c.gradient_accumulation,
+                   "Micro-batches whose gradients are accumulated per optimizer step")
+      ->capture_default_str();
+  train.add_option("--device-iterations", c.device_iterations,
+                   "Optimizer steps the device runs per host step (PopTorch deviceIterations)")
+      ->capture_default_str();
+  train.add_option("--epochs", c.epochs, "Passes over the training split")->capture_default_str();
+  train.add_option("--learning-rate", c.learning_rate, "SGD learning rate")->capture_default_str();
+  train.add_option("--seed", c.seed, "Seed of weight initialisation and shuffling")
+      ->capture_default_str();
+  train.add_flag("!--no-shuffle", c.shuffle, "Read each epoch in file order");
+  train.add_flag("--allow-out-of-memory", c.allow_out_of_memory,
+                 "Finish compiling a model that does not fit and report memory instead of failing");
+  train.add_option("--run-dir", c.run_dir, "Directory for summary.json, metrics.csv, memory.json")
+      ->capture_default_str();
+  train.add_option("--bind-address", c.bind_address,
+                   "Address the host's stream server binds (0.0.0.0 for multi-node runs)")
+      ->capture_default_str();
+  train.add_option("--timeout", c.timeout_s, "Seconds a host<->IPU stream may stall before failing")
+      ->capture_default_str();
+  train.footer(
+      "Run under MPI with 1 + replicas x stages ranks: rank 0 is the host, the others are IPUs.\n"
+      "  mpirun -n 3 ipupod train --model mlp --data fashion-mnist.h5 --replicas 2");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ipupod: a distributed emulator of a Graphcore IPU pod.\n"
+               "Trains models on emulated IPUs (one MPI rank each) and predicts their speed on "
+               "real IPU hardware."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "ipupod 0.1.0");
+
+  TrainConfig train_config;
+  CLI::App* train = app.add_subcommand("train", "Train a model on the emulated pod (under mpirun)");
+  add_train_options(*train, train_config);
+
+  ipupod::pod::InfoRequest info_request;
+  CLI::App* info = app.add_subcommand("info", "List architectures, topologies, codelets, models");
+  info->add_option("--arch", info_request.arch, "Show one architecture preset and its sources");
+  info->add_option("--topology", info_request.topology, "Show one topology's layout and links");
+  info->add_option("--model", info_request.model, "Show one model's layers and parameters");
+  info->add_flag("--codelets", info_request.codelets, "List the codelets");
+  info->add_flag("--models", info_request.models, "List the models");
+
+  CLI::App* data = app.add_subcommand("data", "Convert real data sets into ipupod's HDF5 layout");
+  data->require_subcommand(1);
+  ipupod::datasets::FashionMnistOptions fmnist;
+  CLI::App* fm = data->add_subcommand("fashion-mnist", "Fashion-MNIST from Debian's dataset-fashion-mnist");
+  fm->add_option("--out", fmnist.out, "Output HDF5 file")->required();
+  fm->add_option("--source", fmnist.source_dir, "Folder of the four IDX .gz files")->capture_default_str();
+  fm->add_flag("--force", fmnist.overwrite, "Overwrite an existing output file");
+  fm->add_option("--limit-train", fmnist.limit_train, "Keep the first N training samples (0: all)");
+  fm->add_option("--limit-test", fmnist.limit_test, "Keep the first N test samples (0: all)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+
+  try {
+    if (*info) {
+      ipupod::pod::print_info(info_request, std::cout);
+      return 0;
+    }
+    if (*fm) {
+      const auto report = ipupod::datasets::convert_fashion_mnist(fmnist);
+      std::cout << report.summary() << std::endl;
+      return 0;
+    }
+  } catch (const ipupod::host::DatasetError& e) {
+    std::cerr << "ipupod: " << e.what() << "\n";
+    return 2;
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "ipupod: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "ipupod: " << e.what() << "\n";
+    return 1;
+  }
+
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  const int code = ipupod::pod::run_train(train_config, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return code;
+}

@@ -1,0 +1,53 @@
+// JSON forms of the device reports and atomic file output.
+#include "pod/report.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+namespace ipupod::pod {
+
+nlohmann::json memory_report_json(const ipu::MemoryReport& report, const ipu::ArchPreset& arch) {
+  nlohmann::json tiles = nlohmann::json::array();
+  for (const auto& t : report.tiles) {
+    nlohmann::json by_category = nlohmann::json::object();
+    for (const auto& [category, bytes] : t.by_category) by_category[ipu::category_name(category)] = bytes;
+    nlohmann::json largest = nlohmann::json::array();
+    for (const auto& tensor : t.largest)
+      largest.push_back({{"name", tensor.name},
+                         {"category", ipu::category_name(tensor.category)},
+                         {"bytes", tensor.bytes}});
+    tiles.push_back({{"tile", t.tile},
+                     {"total", t.total()},
+                     {"always_live", t.always_live},
+                     {"not_always_live", t.not_always_live},
+                     {"vertex_state", t.vertex_state},
+                     {"code", t.code},
+                     {"by_category", by_category},
+                     {"largest", largest}});
+  }
+  const auto& busiest = report.busiest();
+  return {{"arch", report.arch},
+          {"tiles", arch.tiles},
+          {"bytes_per_tile", report.bytes_per_tile},
+          {"total_bytes", report.total_bytes()},
+          {"capacity_bytes", arch.bytes_per_ipu()},
+          {"busiest_tile", busiest.tile},
+          {"busiest_tile_bytes", busiest.total()},
+          {"tiles_over_capacity", report.tiles_over()},
+          {"per_tile", tiles}};
+}
+
+void write_file_atomically(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::filesystem::path final_path = std::filesystem::path(dir) / name;
+  const std::filesystem::path tmp = final_path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw std::runtime_error("cannot write " + tmp.string() + ": check the run directory");
+  }
+  std::filesystem::rename(tmp, final_path);
+}
+
+}  // namespace ipupod::pod

@@ -1,0 +1,17 @@
+// Run reports: the memory report of an IPU as JSON (memory.json) and the helpers that write
+// the run directory's files.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "ipu_process/arch.hpp"
+#include "ipu_process/engine.hpp"
+
+namespace ipupod::pod {
+
+nlohmann::json memory_report_json(const ipu::MemoryReport& report, const ipu::ArchPreset& arch);
+// Writes text to dir/name through a temporary file and a rename, so a reader never sees half.
+void write_file_atomically(const std::string& dir, const std::string& name, const std::string& text);
+
+}  // namespace ipupod::pod

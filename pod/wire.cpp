@@ -1,0 +1,37 @@
+// Start-up record broadcast, serialised as JSON.
+#include "pod/wire.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace ipupod::pod {
+
+Startup broadcast_startup(const Startup& s, int root, MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  std::string text;
+  if (rank == root)
+    text = nlohmann::json{{"status", s.status},           {"message", s.message},
+                          {"address", s.address},         {"port", s.port},
+                          {"secret", s.secret},           {"sample_shape", s.sample_shape},
+                          {"classes", s.classes},         {"train_steps", s.train_steps},
+                          {"test_steps", s.test_steps}}
+               .dump();
+  unsigned long long length = text.size();
+  MPI_Bcast(&length, 1, MPI_UNSIGNED_LONG_LONG, root, comm);
+  text.resize(length);
+  MPI_Bcast(text.data(), static_cast<int>(length), MPI_CHAR, root, comm);
+  const auto j = nlohmann::json::parse(text);
+  Startup out;
+  out.status = j.at("status");
+  out.message = j.at("message");
+  out.address = j.at("address");
+  out.port = j.at("port");
+  out.secret = j.at("secret");
+  out.sample_shape = j.at("sample_shape").get<std::vector<std::size_t>>();
+  out.classes = j.at("classes");
+  out.train_steps = j.at("train_steps");
+  out.test_steps = j.at("test_steps");
+  return out;
+}
+
+}  // namespace ipupod::pod
