@@ -18,8 +18,9 @@ constexpr std::array<const char*, 2> kSplits = {"train", "test"};
 constexpr const char* kSchemaHint =
     "a dataset file needs groups /train and /test, each holding datasets 'inputs' and 'targets' "
     "with the sample dimension first";
-// HDF5 refuses chunks of 4 GiB or more; a few MiB keeps one chunk per read for typical samples.
-constexpr std::size_t kMaxChunkBytes = std::size_t{16} << 20;
+// HDF5 refuses chunks of 4 GiB or more; at most 1 MiB keeps a chunk inside HDF5's default
+// per-dataset chunk cache, so sequential reads of neighbouring samples hit the cache.
+constexpr std::size_t kMaxChunkBytes = std::size_t{1} << 20;
 
 void check_split_name(const std::string& split, const std::string& where) {
   if (std::find(kSplits.begin(), kSplits.end(), split) == kSplits.end()) {
@@ -132,13 +133,14 @@ struct DatasetFile::Impl {
       staging.resize(sorted.size() * row_bytes);
       rows = staging.data();
     }
+    std::vector<std::pair<std::size_t, std::size_t>> runs;  // {first index, count}
     for (std::size_t first = 0; first < sorted.size();) {
       std::size_t last = first;
       while (last + 1 < sorted.size() && sorted[last + 1] == sorted[last] + 1) ++last;
-      array.dataset.read_rows(sorted[first], last - first + 1, array.spec.dtype,
-                              rows + first * row_bytes);
+      runs.emplace_back(sorted[first], last - first + 1);
       first = last + 1;
     }
+    array.dataset.read_row_runs(runs, array.spec.dtype, rows);
     if (!direct) {
       for (std::size_t k = 0; k < indices.size(); ++k) {
         const auto at = std::lower_bound(sorted.begin(), sorted.end(), indices[k]) - sorted.begin();

@@ -2,6 +2,7 @@
 // attribute helpers. All HDF5 calls of the project go through here.
 #include "host/hdf5.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <numeric>
 
@@ -254,6 +255,20 @@ void Dataset::read_rows(std::size_t first, std::size_t count, DType dtype, void*
         file(), object());
 }
 
+void Dataset::read_row_runs(std::span<const std::pair<std::size_t, std::size_t>> runs, DType dtype,
+                            void* out) const {
+  auto guard = lock();
+  const std::size_t row_bytes = [&] {
+    const std::vector<std::size_t> shape = dims();
+    return shape.empty() ? 0 : shape_elements(shape) / std::max<std::size_t>(shape[0], 1);
+  }() * dtype_size(dtype);
+  auto* at = static_cast<std::byte*>(out);
+  for (const auto& [first, count] : runs) {
+    read_rows(first, count, dtype, at);
+    at += count * row_bytes;
+  }
+}
+
 void Dataset::write(const HostArray& array) {
   auto guard = lock();
   const std::vector<std::size_t> shape = dims();
@@ -314,10 +329,17 @@ Group Group::create_group(const std::string& name) {
                H5Gclose, file(), path);
 }
 
-Dataset Group::open_dataset(const std::string& name) const {
+Dataset Group::open_dataset(const std::string& name, std::size_t chunk_cache_bytes) const {
   auto guard = lock();
   const std::string path = child_path(name);
-  return Dataset(check(H5Dopen2(id(), name.c_str(), H5P_DEFAULT), "open dataset", file(), path),
+  Handle access(check(H5Pcreate(H5P_DATASET_ACCESS), "open dataset", file(), path), H5Pclose,
+                file(), path);
+  if (chunk_cache_bytes != SIZE_MAX) {
+    check(H5Pset_chunk_cache(access.id(), H5D_CHUNK_CACHE_NSLOTS_DEFAULT, chunk_cache_bytes,
+                             H5D_CHUNK_CACHE_W0_DEFAULT),
+          "open dataset", file(), path);
+  }
+  return Dataset(check(H5Dopen2(id(), name.c_str(), access.id()), "open dataset", file(), path),
                  H5Dclose, file(), path);
 }
 

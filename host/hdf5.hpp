@@ -9,6 +9,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "host/host_array.hpp"
@@ -95,6 +96,11 @@ class Dataset : public Handle {
   std::string type_description() const;
   // Reads rows [first, first+count) into `out` (count * row bytes of `dtype`).
   void read_rows(std::size_t first, std::size_t count, DType dtype, void* out) const;
+  // Reads several runs of rows, {first, count} each; rows land in `out` back to back in run
+  // order. One H5Dread per run: in HDF5 1.10 a union-of-hyperslabs selection costs more CPU
+  // than the calls it saves.
+  void read_row_runs(std::span<const std::pair<std::size_t, std::size_t>> runs, DType dtype,
+                     void* out) const;
   // Writes the whole dataset from `array` (same number of elements).
   void write(const HostArray& array);
 };
@@ -107,7 +113,9 @@ class Group : public Handle {
   bool has_dataset(const std::string& name) const;
   Group open_group(const std::string& name) const;
   Group create_group(const std::string& name);
-  Dataset open_dataset(const std::string& name) const;
+  // chunk_cache_bytes: HDF5's per-dataset chunk cache; 0 reads uncompressed rows straight from
+  // the file (best for random sample access), SIZE_MAX keeps HDF5's default.
+  Dataset open_dataset(const std::string& name, std::size_t chunk_cache_bytes = SIZE_MAX) const;
   // A chunked dataset; `chunk` has the rank of `dims` (deflate_level 0 = no compression).
   Dataset create_dataset(const std::string& name, DType dtype, std::span<const std::size_t> dims,
                          std::span<const std::size_t> chunk, int deflate_level = 0);

@@ -227,6 +227,7 @@ WireFrame decode_frame(std::span<const std::byte> bytes, std::uint64_t max_paylo
                         std::to_string(offset + buffer.size()) + " bytes, have " +
                         std::to_string(bytes.size()) + ")");
     }
+    if (buffer.empty()) return;  // memcpy must not see the null pointer of an empty span
     std::memcpy(buffer.data(), bytes.data() + offset, buffer.size());
     offset += buffer.size();
   };
@@ -240,7 +241,7 @@ WireFrame decode_frame(std::span<const std::byte> bytes, std::uint64_t max_paylo
 
 HostArray text_array(const std::string& text) {
   HostArray array = HostArray::zeros(DType::u8, {text.size()});
-  std::memcpy(array.bytes.data(), text.data(), text.size());
+  if (!text.empty()) std::memcpy(array.bytes.data(), text.data(), text.size());
   return array;
 }
 
