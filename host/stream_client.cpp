@@ -31,15 +31,19 @@ StreamClient::StreamClient(ClientConfig config) : impl_(std::make_unique<Impl>()
   if (c.credits == 0) throw std::invalid_argument("StreamClient: credits must be at least 1");
   const std::string where = c.address + ":" + std::to_string(c.port);
   boost::system::error_code ec;
-  const auto address = boost::asio::ip::make_address(c.address, ec);
-  if (ec)
-    throw StreamError("StreamClient: '" + c.address + "' is not an IP address: " + ec.message());
-  const boost::asio::ip::tcp::endpoint endpoint(address, c.port);
+  // A name (the host rank's hostname on a cluster) or an IP literal.
+  boost::asio::ip::tcp::resolver resolver(impl_->io);
+  const auto endpoints = resolver.resolve(c.address, std::to_string(c.port), ec);
+  if (ec) {
+    throw StreamError("client " + std::to_string(c.client_id) +
+                      " cannot resolve the host address '" + c.address + "': " + ec.message() +
+                      " (pass an IP address or a name this node can resolve)");
+  }
 
   const auto deadline = Clock::now() + c.timeout;
   boost::asio::ip::tcp::socket socket(impl_->io);
   for (;;) {
-    socket.connect(endpoint, ec);
+    boost::asio::connect(socket, endpoints, ec);
     if (!ec) break;
     socket.close();
     if (ec != boost::asio::error::connection_refused || Clock::now() >= deadline) {

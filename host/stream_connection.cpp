@@ -133,13 +133,11 @@ void Connection::shutdown() noexcept {
     if (shut_down_) return;
     shut_down_ = true;
   }
-  {
-    // Wait for a write in progress, then wake the reader by shutting the socket down.
-    std::lock_guard<std::mutex> guard(write_mutex_);
-    if (socket_.is_open()) ::shutdown(socket_.native_handle(), SHUT_RDWR);
-  }
+  // Shutting the socket down wakes both the reader and any writer blocked in send().
+  if (socket_.is_open()) ::shutdown(socket_.native_handle(), SHUT_RDWR);
   if (reader_.joinable()) reader_.join();
   end("the connection was closed locally");
+  std::lock_guard<std::mutex> guard(write_mutex_);  // no write may still use the descriptor
   boost::system::error_code ignored;
   socket_.close(ignored);
 }

@@ -149,6 +149,18 @@ TEST(Stream, WrongSecretIsRefusedAndTheRightOneWorks) {
   EXPECT_EQ(good.receive().step, 5u);
 }
 
+TEST(Stream, ClientAcceptsAHostName) {
+  const std::string secret = make_secret();
+  StreamServer server(server_config(secret, 1));
+  auto accepted = std::async(std::launch::async, [&] { server.accept_clients(); });
+  ClientConfig config = client_config(server.port(), secret, 0);
+  config.address = "localhost";
+  StreamClient client(config);
+  accepted.get();
+  server.send(0, frame_of(0, 1, 1));
+  EXPECT_EQ(client.receive().step, 1u);
+}
+
 TEST(Stream, DuplicateAndUnknownIdsAreRefused) {
   const std::string secret = make_secret();
   StreamServer server(server_config(secret, 2));
