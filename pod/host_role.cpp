@@ -162,8 +162,9 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
           }
         }
       } catch (const std::exception& e) {
-        std::cerr << "ipupod train: host feeder of replica " << r << " failed: " << e.what() << std::endl;
-        MPI_Abort(MPI_COMM_WORLD, 1);
+        // A closed stream usually means the IPU failed: give its own report time to arrive.
+        std::this_thread::sleep_for(std::chrono::seconds(2));
+        abort_job(world, "host feeder of replica " + std::to_string(r) + ": " + e.what());
       }
     });
 

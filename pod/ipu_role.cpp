@@ -116,25 +116,31 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
        },
        [&](std::size_t bytes) { return fabric::predict_all_reduce_seconds(topology, ring, bytes); }});
 
-  ipu::CycleBreakdown training;
-  for (std::size_t epoch = 0; epoch < config.epochs; ++epoch) {
-    for (std::size_t s = 0; s < startup.train_steps; ++s, ++step) {
-      const ipu::CycleBreakdown before = engine.cycles();
-      engine.run("train");
-      training += engine.cycles() - before;
+  // Failures from here on are reported before the stream client closes (which would make the
+  // host fail first with a less useful message).
+  try {
+    ipu::CycleBreakdown training;
+    for (std::size_t epoch = 0; epoch < config.epochs; ++epoch) {
+      for (std::size_t s = 0; s < startup.train_steps; ++s, ++step) {
+        const ipu::CycleBreakdown before = engine.cycles();
+        engine.run("train");
+        training += engine.cycles() - before;
+      }
+      client.send({kCycleFrames, step, cycles_array(training)});
+      for (std::size_t t = 0; t < startup.test_steps; ++t) engine.run("eval");
     }
-    client.send({kCycleFrames, step, cycles_array(training)});
-    for (std::size_t t = 0; t < startup.test_steps; ++t) engine.run("eval");
-  }
 
-  nlohmann::json report_json = memory_report_json(engine.memory(), arch);
-  report_json["parameter_tensors"] = compiled.parameters.size();
-  const std::string report = report_json.dump();
-  client.send({kReportFrames, step,
-               array_of(host::DType::u8, {report.size()}, std::as_bytes(std::span(report)))});
-  for (const auto& [id, tensor] : compiled.parameters)
-    client.send({kWeightFrames, static_cast<std::uint64_t>(id),
-                 array_of(host::DType::f32, tensor.shape(), engine.read(tensor))});
+    nlohmann::json report_json = memory_report_json(engine.memory(), arch);
+    report_json["parameter_tensors"] = compiled.parameters.size();
+    const std::string report = report_json.dump();
+    client.send({kReportFrames, step,
+                 array_of(host::DType::u8, {report.size()}, std::as_bytes(std::span(report)))});
+    for (const auto& [id, tensor] : compiled.parameters)
+      client.send({kWeightFrames, static_cast<std::uint64_t>(id),
+                   array_of(host::DType::f32, tensor.shape(), engine.read(tensor))});
+  } catch (const std::exception& e) {
+    abort_job(world, e.what());
+  }
   client.close();
   MPI_Comm_free(&replicas_comm);
   return 0;

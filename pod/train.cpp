@@ -2,6 +2,7 @@
 // a runtime failure after start-up aborts the whole MPI job with the message on stderr.
 #include "pod/train.hpp"
 
+#include <cstdlib>
 #include <iostream>
 
 namespace ipupod::pod {
@@ -19,12 +20,18 @@ int run_train(const TrainConfig& config, MPI_Comm world) {
   try {
     return rank == 0 ? run_host(config, world) : run_ipu(config, world);
   } catch (const std::exception& e) {
-    std::cerr << "ipupod train: error on rank " << rank
-              << (rank == 0 ? " (host)" : " (IPU " + std::to_string(rank - 1) + ")") << ": "
-              << e.what() << std::endl;
-    MPI_Abort(world, 1);
-    return 1;
+    abort_job(world, e.what());
   }
+}
+
+void abort_job(MPI_Comm world, const std::string& what) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  std::cerr << "ipupod train: error on rank " << rank
+            << (rank == 0 ? " (host)" : " (IPU " + std::to_string(rank - 1) + ")") << ": " << what
+            << std::endl;
+  MPI_Abort(world, 1);
+  std::abort();  // MPI_Abort does not return; this keeps [[noreturn]] honest
 }
 
 }  // namespace ipupod::pod

@@ -3,6 +3,8 @@
 
 #include <mpi.h>
 
+#include <string>
+
 #include "pod/config.hpp"
 
 namespace ipupod::pod {
@@ -12,6 +14,9 @@ namespace ipupod::pod {
 int run_train(const TrainConfig& config, MPI_Comm world);
 
 int run_host(const TrainConfig& config, MPI_Comm world);
+// Prints what failed on this rank and ends the whole MPI job at once (exit code 1). Called
+// where the failure happens, before any clean-up could make a peer fail first and hide the cause.
+[[noreturn]] void abort_job(MPI_Comm world, const std::string& what);
 int run_ipu(const TrainConfig& config, MPI_Comm world);
 
 }  // namespace ipupod::pod

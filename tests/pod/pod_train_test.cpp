@@ -1,0 +1,126 @@
+// End-to-end runs of `ipupod train` under mpirun, as a user runs it: real processes, real
+// Fashion-MNIST data converted by `ipupod data`, real TCP streams, and the bad inputs a user
+// makes, each of which must end with a clear message and exit code 2, never a hang.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code = -1;
+  std::string output;
+};
+
+// Runs a shell command with a hard time limit; returns its exit code and combined output.
+Result run(const std::string& command) {
+  Result r;
+  const std::string full = "timeout 600 " + command + " 2>&1";
+  FILE* pipe = popen(full.c_str(), "r");
+  if (!pipe) return r;
+  char buffer[4096];
+  while (std::fgets(buffer, sizeof buffer, pipe)) r.output += buffer;
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string mpirun(int ranks) {
+  return std::string(IPUPOD_MPIEXEC) + " -n " + std::to_string(ranks) +
+         " --oversubscribe --allow-run-as-root " + IPUPOD_BINARY + " ";
+}
+
+class PodTrain : public ::testing::Test {
+ protected:
+  static fs::path dir() { return fs::temp_directory_path() / ("ipupod_pod_train_" + std::to_string(getpid())); }
+  static fs::path data() { return dir() / "fashion-mnist-small.h5"; }
+
+  static void SetUpTestSuite() {
+    fs::create_directories(dir());
+    const Result r = run(std::string(IPUPOD_BINARY) + " data fashion-mnist --out " + data().string() +
+                         " --limit-train 4000 --limit-test 800");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir()); }
+
+  static void expect_bad_input(const Result& r, const std::string& message) {
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << "expected '" << message << "' in:\n" << r.output;
+  }
+};
+
+TEST_F(PodTrain, TwoReplicasLearnAndEndWithBitwiseIdenticalWeights) {
+  const fs::path run_dir = dir() / "run";
+  const Result r = run(mpirun(3) + "train --model mlp --hidden 32 --data " + data().string() +
+                       " --replicas 2 --micro-batch 10 --gradient-accumulation 2"
+                       " --device-iterations 2 --epochs 2 --learning-rate 0.1 --arch tiny"
+                       " --topology m2000 --run-dir " + run_dir.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(run_dir / "summary.json");
+  ASSERT_TRUE(in) << "no summary.json; output:\n" << r.output;
+  const auto summary = nlohmann::json::parse(in);
+  EXPECT_TRUE(summary.at("replica_weights_identical").get<bool>());
+  const auto checksums = summary.at("replica_weight_checksums");
+  ASSERT_EQ(checksums.size(), 2u);
+  EXPECT_EQ(checksums[0], checksums[1]);
+  // 4000 real images, two epochs: far above the 10% of guessing.
+  EXPECT_GT(summary.at("test_accuracy").get<double>(), 0.70) << r.output;
+  const auto epochs = summary.at("epochs");
+  ASSERT_EQ(epochs.size(), 2u);
+  EXPECT_LT(epochs[1].at("train_loss").get<double>(), epochs[0].at("train_loss").get<double>());
+  EXPECT_GT(summary.at("measured_samples_per_s").get<double>(), 0);
+  EXPECT_GT(summary.at("predicted_ipu_samples_per_s").get<double>(), 0);
+  EXPECT_GT(summary.at("predicted_seconds_per_host_step").at("fabric").get<double>(), 0);
+  EXPECT_EQ(summary.at("samples_trained").get<std::size_t>(), 2u * 4000u / 40u * 40u);
+  std::ifstream mem(run_dir / "memory.json");
+  const auto memory = nlohmann::json::parse(mem);
+  ASSERT_EQ(memory.size(), 2u);
+  EXPECT_EQ(memory[0].at("per_tile").size(), 16u);
+  EXPECT_EQ(memory[0].at("tiles_over_capacity").get<int>(), 0);
+  EXPECT_TRUE(fs::exists(run_dir / "metrics.csv"));
+}
+
+TEST_F(PodTrain, MissingDataFileIsBadInput) {
+  expect_bad_input(run(mpirun(3) + "train --data " + (dir() / "absent.h5").string() + " --replicas 2"),
+                   "does not exist");
+}
+
+TEST_F(PodTrain, NonHdf5DataFileIsBadInput) {
+  const fs::path bogus = dir() / "bogus.h5";
+  std::ofstream(bogus) << "this is not HDF5\n";
+  expect_bad_input(run(mpirun(2) + "train --data " + bogus.string()), "not an HDF5 file");
+}
+
+TEST_F(PodTrain, WorldSizeNotMatchingReplicasIsBadInput) {
+  expect_bad_input(run(mpirun(2) + "train --data " + data().string() + " --replicas 2"),
+                   "needs 3; run with `mpirun -n 3");
+}
+
+TEST_F(PodTrain, UnknownModelIsBadInput) {
+  expect_bad_input(run(mpirun(2) + "train --model resnet-5000 --data " + data().string()),
+                   "unknown model 'resnet-5000'");
+}
+
+TEST_F(PodTrain, GlobalBatchLargerThanTheDataIsBadInput) {
+  expect_bad_input(run(mpirun(2) + "train --data " + data().string() + " --micro-batch 5000"),
+                   "fewer than one global batch");
+}
+
+TEST_F(PodTrain, UsageErrorsExitTwoAndHelpDescribesEveryOption) {
+  expect_bad_input(run(std::string(IPUPOD_BINARY) + " train --replicas 2"), "--data is required");
+  const Result help = run(std::string(IPUPOD_BINARY) + " train --help");
+  EXPECT_EQ(help.exit_code, 0);
+  for (const char* option : {"--model", "--data", "--replicas", "--stages", "--micro-batch",
+                             "--gradient-accumulation", "--device-iterations", "--epochs", "--arch",
+                             "--run-dir"})
+    EXPECT_NE(help.output.find(option), std::string::npos) << option;
+}
+
+}  // namespace
