@@ -54,7 +54,8 @@ StreamClient::StreamClient(ClientConfig config) : impl_(std::make_unique<Impl>()
     std::this_thread::sleep_for(kConnectRetryInterval);
   }
   impl_->connection =
-      std::make_unique<detail::Connection>(std::move(socket), "the host (" + where + ")");
+      std::make_unique<detail::Connection>(std::move(socket), "the host (" + where + ")",
+                                           /*trusted=*/true);
   detail::Connection& connection = *impl_->connection;
   connection.write(FrameKind::hello, Frame{0, c.client_id, text_array(c.secret)});
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());

@@ -9,8 +9,8 @@
 
 namespace ipupod::host::detail {
 
-Connection::Connection(boost::asio::ip::tcp::socket socket, std::string peer)
-    : socket_(std::move(socket)), peer_(std::move(peer)) {
+Connection::Connection(boost::asio::ip::tcp::socket socket, std::string peer, bool trusted)
+    : socket_(std::move(socket)), peer_(std::move(peer)), authenticated_(trusted) {
   boost::system::error_code ignored;
   socket_.set_option(boost::asio::ip::tcp::no_delay(true), ignored);
   reader_ = std::thread([this] { read_loop(); });

@@ -25,8 +25,10 @@ class Connection {
   using Clock = std::chrono::steady_clock;
 
   // Takes the connected socket and starts the reader thread. `peer` names the other end in
-  // error messages (e.g. "client 1 (127.0.0.1:5555)").
-  Connection(boost::asio::ip::tcp::socket socket, std::string peer);
+  // error messages (e.g. "client 1 (127.0.0.1:5555)"). A client connects to a host it chose,
+  // so it trusts it from the start (`trusted`): its frames are not held to the hello limit,
+  // which the reader thread would otherwise apply to the first data frame too.
+  Connection(boost::asio::ip::tcp::socket socket, std::string peer, bool trusted = false);
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
