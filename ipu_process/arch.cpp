@@ -72,9 +72,9 @@ std::vector<ArchPreset> make_presets() {
 
   ArchPreset tiny = mk2;
   tiny.name = "tiny";
-  tiny.description = "test IPU: 16 tiles x 64 KiB with MK2 timing, for fast end-to-end tests";
-  tiny.tiles = 16;
-  tiny.bytes_per_tile = 64 * 1024;
+  tiny.description = "test IPU: 32 tiles x 128 KiB with MK2 timing, for fast end-to-end tests";
+  tiny.tiles = 32;
+  tiny.bytes_per_tile = 128 * 1024;
   tiny.sources = {"not hardware: MK2 figures with few tiles and small memory"};
   p.push_back(tiny);
   return p;

@@ -82,9 +82,18 @@ TEST_F(PodTrain, TwoReplicasLearnAndEndWithBitwiseIdenticalWeights) {
   std::ifstream mem(run_dir / "memory.json");
   const auto memory = nlohmann::json::parse(mem);
   ASSERT_EQ(memory.size(), 2u);
-  EXPECT_EQ(memory[0].at("per_tile").size(), 16u);
+  EXPECT_EQ(memory[0].at("per_tile").size(), 32u);
   EXPECT_EQ(memory[0].at("tiles_over_capacity").get<int>(), 0);
   EXPECT_TRUE(fs::exists(run_dir / "metrics.csv"));
+}
+
+TEST_F(PodTrain, ModelThatDoesNotFitFailsWithTheTileReport) {
+  const Result r = run(mpirun(2) + "train --hidden 4096 --data " + data().string() +
+                       " --arch tiny --run-dir " + (dir() / "oom").string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  for (const char* part : {"Out of memory: Cannot fit all variable data onto one or more tiles",
+                           "largest tensors: 'fc0.", "Try: more pipeline stages"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << " not in:\n" << r.output;
 }
 
 TEST_F(PodTrain, MissingDataFileIsBadInput) {
