@@ -5,8 +5,8 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
-#include "datasets/fashion_mnist.hpp"
-#include "host/dataset.hpp"
+#include "datasets/cli.hpp"
+#include "pod/bench.hpp"
 #include "pod/config.hpp"
 #include "pod/info.hpp"
 #include "pod/train.hpp"
@@ -79,13 +79,14 @@ int main(int argc, char** argv) {
 
   CLI::App* data = app.add_subcommand("data", "Convert real data sets into ipupod's HDF5 layout");
   data->require_subcommand(1);
-  ipupod::datasets::FashionMnistOptions fmnist;
-  CLI::App* fm = data->add_subcommand("fashion-mnist", "Fashion-MNIST from Debian's dataset-fashion-mnist");
-  fm->add_option("--out", fmnist.out, "Output HDF5 file")->required();
-  fm->add_option("--source", fmnist.source_dir, "Folder of the four IDX .gz files")->capture_default_str();
-  fm->add_flag("--force", fmnist.overwrite, "Overwrite an existing output file");
-  fm->add_option("--limit-train", fmnist.limit_train, "Keep the first N training samples (0: all)");
-  fm->add_option("--limit-test", fmnist.limit_test, "Keep the first N test samples (0: all)");
+  int data_exit_code = 0;
+  ipupod::datasets::add_data_commands(*data, data_exit_code);
+
+  int bench_exit_code = 0;
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks, each against a named peer in the same run");
+  bench->require_subcommand(1);
+  ipupod::pod::add_allreduce_bench(*bench, bench_exit_code);
+  ipupod::pod::add_host_bench(*bench, bench_exit_code);
 
   try {
     app.parse(argc, argv);
@@ -94,19 +95,14 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
 
+  // The chosen benchmark or converter ran in its parse callback.
+  if (*bench) return bench_exit_code;
+  if (*data) return data_exit_code;
   try {
     if (*info) {
       ipupod::pod::print_info(info_request, std::cout);
       return 0;
     }
-    if (*fm) {
-      const auto report = ipupod::datasets::convert_fashion_mnist(fmnist);
-      std::cout << report.summary() << std::endl;
-      return 0;
-    }
-  } catch (const ipupod::host::DatasetError& e) {
-    std::cerr << "ipupod: " << e.what() << "\n";
-    return 2;
   } catch (const std::invalid_argument& e) {
     std::cerr << "ipupod: " << e.what() << "\n";
     return 2;

@@ -1,0 +1,11 @@
+// `ipupod bench host` (not written yet: no subcommand is registered until it is).
+#include "pod/bench.hpp"
+
+namespace ipupod::pod {
+
+void add_host_bench(CLI::App& bench, int& exit_code) {
+  (void)bench;
+  (void)exit_code;
+}
+
+}  // namespace ipupod::pod
