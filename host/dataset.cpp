@@ -2,14 +2,21 @@
 // schema described in dataset.hpp, on top of the HDF5 layer in hdf5.hpp.
 #include "host/dataset.hpp"
 
+#include <fcntl.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <cerrno>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
 #include <set>
 
 #include "host/hdf5.hpp"
+#include "host/stream_protocol.hpp"
 
 namespace ipupod::host {
 namespace {
@@ -32,10 +39,51 @@ std::string supported_dtypes() {
   return "float32, float16, int32, uint32, uint8";
 }
 
+// Unneeded rows between two needed ones are read into a scratch buffer rather than splitting the
+// read, up to this many bytes: one system call costs about as much as copying this much.
+constexpr std::size_t kMaxGapBytes = 64 * 1024;
+// Rows per HDF5 read on the fallback path (bounds the staging buffer).
+constexpr std::size_t kMaxStagingBytes = 4 * 1024 * 1024;
+#ifdef IOV_MAX
+constexpr std::size_t kMaxIovecs = IOV_MAX;
+#else
+constexpr std::size_t kMaxIovecs = 1024;
+#endif
+
 struct ArrayIn {
   h5::Dataset dataset;
   ArraySpec spec;
+  bool direct = false;  // rows are read with preadv at the offsets in `layout`
+  h5::RowLayout layout;
 };
+
+// preadv until every iovec is filled; partial reads continue where they stopped.
+void preadv_all(int fd, std::vector<iovec>& iov, off_t offset, const std::string& what) {
+  std::size_t first = 0;
+  while (first < iov.size()) {
+    const int count = static_cast<int>(std::min(iov.size() - first, kMaxIovecs));
+    const ssize_t got = ::preadv(fd, iov.data() + first, count, offset);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw DatasetError("cannot read " + what + ": " + std::strerror(errno));
+    }
+    if (got == 0) {
+      throw DatasetError("cannot read " + what + ": the file ends early (truncated?)");
+    }
+    auto left = static_cast<std::size_t>(got);
+    offset += got;
+    while (left > 0 && first < iov.size()) {
+      if (left >= iov[first].iov_len) {
+        left -= iov[first].iov_len;
+        ++first;
+      } else {
+        iov[first].iov_base = static_cast<std::byte*>(iov[first].iov_base) + left;
+        iov[first].iov_len -= left;
+        left = 0;
+      }
+    }
+  }
+}
 
 struct SplitIn {
   h5::Group group;
@@ -48,10 +96,19 @@ struct SplitIn {
 
 // ---------------------------------------------------------------- DatasetFile
 
+std::string_view field_name(Field field) {
+  return field == Field::inputs ? "inputs" : "targets";
+}
+
 struct DatasetFile::Impl {
   std::string path;
   h5::File file;
   std::map<std::string, SplitIn> splits;
+  int fd = -1;  // for direct reads; -1 if every array goes through HDF5
+
+  ~Impl() {
+    if (fd >= 0) ::close(fd);
+  }
 
   const SplitIn& split(const std::string& name) const {
     check_split_name(name, "dataset '" + path + "'");
@@ -64,7 +121,8 @@ struct DatasetFile::Impl {
       throw DatasetError("dataset file '" + path + "' has no dataset '" + object + "'; " +
                          kSchemaHint);
     }
-    ArrayIn array{group.open_dataset(name), {}};
+    ArrayIn array;
+    array.dataset = group.open_dataset(name);
     if (!array.dataset.stored_dtype(array.spec.dtype)) {
       throw DatasetError("'" + object + "' in '" + path + "' is stored as " +
                          array.dataset.type_description() + ", which ipupod does not read; " +
@@ -76,8 +134,155 @@ struct DatasetFile::Impl {
       throw DatasetError("'" + object + "' in '" + path +
                          "' is a scalar; expected an array with the sample dimension first");
     }
+    if (dims.size() > kMaxFrameRank) {
+      throw DatasetError("'" + object + "' in '" + path + "' has rank " +
+                         std::to_string(dims.size()) + " (shape " + shape_string(dims) +
+                         "); the host streams at most " + std::to_string(kMaxFrameRank) +
+                         " dimensions including the sample dimension: reshape the samples");
+    }
     array.spec.sample_shape.assign(dims.begin() + 1, dims.end());
     return array;
+  }
+
+  // Same dtype and sample shape in both splits: the model is built from one of them.
+  void check_splits_agree() const {
+    for (Field field : {Field::inputs, Field::targets}) {
+      const std::string name(field_name(field));
+      const ArraySpec& train = array(splits.at("train"), field).spec;
+      const ArraySpec& test = array(splits.at("test"), field).spec;
+      if (train.dtype != test.dtype || train.sample_shape != test.sample_shape) {
+        throw DatasetError("'/test/" + name + "' in '" + path + "' holds samples of " +
+                           std::string(dtype_name(test.dtype)) + shape_string(test.sample_shape) +
+                           " but '/train/" + name + "' holds " +
+                           std::string(dtype_name(train.dtype)) + shape_string(train.sample_shape) +
+                           "; both splits must hold samples of the same dtype and shape");
+      }
+    }
+  }
+
+  static const ArrayIn& array(const SplitIn& split, Field field) {
+    return field == Field::inputs ? split.inputs : split.targets;
+  }
+
+  // Turns on direct reads where the storage allows it and a first row reads back the same both
+  // ways (a cheap guard against storage this code does not understand).
+  void enable_direct_reads() {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;  // HDF5 could open it, so reads through HDF5 still work
+    for (auto& [name, split] : splits) {
+      for (ArrayIn* array : {&split.inputs, &split.targets}) {
+        if (!array->dataset.direct_row_layout(array->spec.dtype, array->layout)) continue;
+        const std::size_t row_bytes = array->layout.row_bytes;
+        if (row_bytes == 0) continue;
+        std::vector<std::byte> through_hdf5(row_bytes), direct(row_bytes);
+        array->dataset.read_rows(0, 1, array->spec.dtype, through_hdf5.data());
+        std::vector<iovec> iov{{direct.data(), row_bytes}};
+        try {
+          preadv_all(fd, iov, static_cast<off_t>(array->layout.block_offsets[0]), "a row");
+        } catch (const DatasetError&) {
+          continue;
+        }
+        array->direct = through_hdf5 == direct;
+      }
+    }
+  }
+
+  void check_reads(const SplitIn& in, const std::string& split_name,
+                   std::span<const SampleRead> reads) const {
+    for (const SampleRead& read : reads) {
+      if (read.index >= in.samples) {
+        throw std::out_of_range("dataset '" + path + "': sample index " +
+                                std::to_string(read.index) + " is out of range for split '" +
+                                split_name + "' with " + std::to_string(in.samples) + " samples");
+      }
+    }
+  }
+
+  void read_samples(const std::string& split_name, Field field,
+                    std::span<const SampleRead> reads) const {
+    const SplitIn& in = split(split_name);
+    check_reads(in, split_name, reads);
+    if (reads.empty()) return;
+    const ArrayIn& array = Impl::array(in, field);
+    std::vector<SampleRead> sorted(reads.begin(), reads.end());
+    std::stable_sort(sorted.begin(), sorted.end(),
+                     [](const SampleRead& a, const SampleRead& b) { return a.index < b.index; });
+    const std::size_t row_bytes =
+        shape_elements(array.spec.sample_shape) * dtype_size(array.spec.dtype);
+    if (row_bytes == 0) return;
+    if (array.direct) {
+      read_direct(array,
+                  "'/" + split_name + "/" + std::string(field_name(field)) + "' of '" + path + "'",
+                  sorted, row_bytes);
+    } else {
+      read_through_hdf5(array, sorted, row_bytes);
+    }
+  }
+
+  // Ranges of nearby rows inside one block (chunk), each with one preadv that scatters the
+  // needed rows to their destinations and the rows in between to a scratch buffer.
+  void read_direct(const ArrayIn& array, const std::string& what,
+                   const std::vector<SampleRead>& sorted, std::size_t row_bytes) const {
+    const h5::RowLayout& layout = array.layout;
+    const std::size_t max_gap_rows = kMaxGapBytes / row_bytes;
+    std::vector<std::byte> scratch(max_gap_rows * row_bytes);
+    std::vector<iovec> iov;
+    std::vector<std::pair<std::byte*, const std::byte*>> repeats;  // {to, from} after the reads
+    for (std::size_t k = 0; k < sorted.size();) {
+      const std::size_t first = sorted[k].index;
+      const std::size_t block = first / layout.rows_per_block;
+      const std::size_t block_end = (block + 1) * layout.rows_per_block;
+      iov.clear();
+      std::size_t next_row = first;
+      std::size_t j = k;
+      for (; j < sorted.size() && sorted[j].index < block_end; ++j) {
+        const std::size_t index = sorted[j].index;
+        if (index + 1 == next_row && j > k) {  // the same sample again
+          repeats.emplace_back(sorted[j].out, sorted[j - 1].out);
+          continue;
+        }
+        const std::size_t gap = index - next_row;
+        if (gap > max_gap_rows || iov.size() + 2 > kMaxIovecs) break;
+        if (gap > 0) iov.push_back({scratch.data(), gap * row_bytes});
+        iov.push_back({sorted[j].out, row_bytes});
+        next_row = index + 1;
+      }
+      const std::uint64_t offset =
+          layout.block_offsets[block] + (first - block * layout.rows_per_block) * row_bytes;
+      preadv_all(fd, iov, static_cast<off_t>(offset), what);
+      k = j;
+    }
+    for (const auto& [to, from] : repeats) std::memcpy(to, from, row_bytes);
+  }
+
+  // Runs of consecutive rows, one HDF5 read each into a staging buffer, then scattered.
+  void read_through_hdf5(const ArrayIn& array, const std::vector<SampleRead>& sorted,
+                         std::size_t row_bytes) const {
+    const std::size_t max_run = std::max<std::size_t>(1, kMaxStagingBytes / row_bytes);
+    std::vector<std::byte> staging;
+    for (std::size_t k = 0; k < sorted.size();) {
+      // Rows first .. first+count-1; sorted[k..j) are the reads that fall in them.
+      const std::size_t first = sorted[k].index;
+      std::size_t count = 1;
+      std::size_t j = k + 1;
+      while (j < sorted.size()) {
+        const std::size_t index = sorted[j].index;
+        if (index < first + count) {  // the same sample again
+          ++j;
+          continue;
+        }
+        if (index != first + count || count == max_run) break;
+        ++count;
+        ++j;
+      }
+      staging.resize(count * row_bytes);
+      array.dataset.read_rows(first, count, array.spec.dtype, staging.data());
+      for (std::size_t r = k; r < j; ++r) {
+        std::memcpy(sorted[r].out, staging.data() + (sorted[r].index - first) * row_bytes,
+                    row_bytes);
+      }
+      k = j;
+    }
   }
 
   void open_split(const std::string& name) {
@@ -104,49 +309,19 @@ struct DatasetFile::Impl {
     splits.emplace(name, std::move(split));
   }
 
-  HostArray read(const std::string& split_name, bool inputs,
+  HostArray read(const std::string& split_name, Field field,
                  std::span<const std::size_t> indices) const {
-    const SplitIn& in = split(split_name);
-    const ArrayIn& array = inputs ? in.inputs : in.targets;
-    for (std::size_t index : indices) {
-      if (index >= in.samples) {
-        throw std::out_of_range("dataset '" + path + "': sample index " + std::to_string(index) +
-                                " is out of range for split '" + split_name + "' with " +
-                                std::to_string(in.samples) + " samples");
-      }
-    }
+    const ArrayIn& array = Impl::array(split(split_name), field);
     std::vector<std::size_t> shape{indices.size()};
     shape.insert(shape.end(), array.spec.sample_shape.begin(), array.spec.sample_shape.end());
     HostArray out = HostArray::zeros(array.spec.dtype, std::move(shape));
-    if (indices.empty()) return out;
     const std::size_t row_bytes =
         shape_elements(array.spec.sample_shape) * dtype_size(array.spec.dtype);
-
-    // Read each run of consecutive (sorted, distinct) indices with one hyperslab, then scatter.
-    std::vector<std::size_t> sorted(indices.begin(), indices.end());
-    std::sort(sorted.begin(), sorted.end());
-    sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
-    const bool direct = std::equal(sorted.begin(), sorted.end(), indices.begin(), indices.end());
-    std::vector<std::byte> staging;
-    std::byte* rows = out.bytes.data();
-    if (!direct) {
-      staging.resize(sorted.size() * row_bytes);
-      rows = staging.data();
+    std::vector<SampleRead> reads(indices.size());
+    for (std::size_t k = 0; k < indices.size(); ++k) {
+      reads[k] = {indices[k], out.bytes.data() + k * row_bytes};
     }
-    std::vector<std::pair<std::size_t, std::size_t>> runs;  // {first index, count}
-    for (std::size_t first = 0; first < sorted.size();) {
-      std::size_t last = first;
-      while (last + 1 < sorted.size() && sorted[last + 1] == sorted[last] + 1) ++last;
-      runs.emplace_back(sorted[first], last - first + 1);
-      first = last + 1;
-    }
-    array.dataset.read_row_runs(runs, array.spec.dtype, rows);
-    if (!direct) {
-      for (std::size_t k = 0; k < indices.size(); ++k) {
-        const auto at = std::lower_bound(sorted.begin(), sorted.end(), indices[k]) - sorted.begin();
-        std::memcpy(out.bytes.data() + k * row_bytes, staging.data() + at * row_bytes, row_bytes);
-      }
-    }
+    read_samples(split_name, field, reads);
     return out;
   }
 };
@@ -168,6 +343,8 @@ DatasetFile::DatasetFile(const std::string& path) : impl_(std::make_unique<Impl>
   try {
     impl_->file = h5::File::open(path, true);
     for (const char* split : kSplits) impl_->open_split(split);
+    impl_->check_splits_agree();
+    impl_->enable_direct_reads();
   } catch (const Hdf5Error& error) {
     throw DatasetError(std::string("cannot read dataset file: ") + error.what());
   }
@@ -188,12 +365,21 @@ SplitInfo DatasetFile::info(const std::string& split) const {
 
 HostArray DatasetFile::read_inputs(const std::string& split,
                                    std::span<const std::size_t> indices) const {
-  return impl_->read(split, true, indices);
+  return impl_->read(split, Field::inputs, indices);
 }
 
 HostArray DatasetFile::read_targets(const std::string& split,
                                     std::span<const std::size_t> indices) const {
-  return impl_->read(split, false, indices);
+  return impl_->read(split, Field::targets, indices);
+}
+
+void DatasetFile::read_samples(const std::string& split, Field field,
+                               std::span<const SampleRead> reads) const {
+  impl_->read_samples(split, field, reads);
+}
+
+bool DatasetFile::reads_directly(const std::string& split, Field field) const {
+  return Impl::array(impl_->split(split), field).direct;
 }
 
 std::map<std::string, std::string> DatasetFile::attributes() const {

@@ -8,6 +8,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "host/host_array.hpp"
@@ -37,7 +38,18 @@ struct SplitInfo {
   ArraySpec targets;
 };
 
+// Which array of a split.
+enum class Field { inputs, targets };
+std::string_view field_name(Field field);  // "inputs", "targets"
+
+// One sample to read: sample `index` of a split lands at `out`, which has room for one sample.
+struct SampleRead {
+  std::size_t index = 0;
+  std::byte* out = nullptr;
+};
+
 // Read-only access to a dataset file. The file stays open for the object's lifetime.
+// Both splits must hold the same dtypes and sample shapes (the model is built from /train).
 class DatasetFile {
  public:
   // Validates the whole schema; throws DatasetError naming the problem.
@@ -53,6 +65,14 @@ class DatasetFile {
   // Consecutive runs of sorted indices are read as one hyperslab each.
   HostArray read_inputs(const std::string& split, std::span<const std::size_t> indices) const;
   HostArray read_targets(const std::string& split, std::span<const std::size_t> indices) const;
+
+  // Reads samples of /<split>/<field> into the caller's memory, in any order, repeats allowed;
+  // safe to call from several threads. Uncompressed data is read straight from the file (one
+  // preadv per range of nearby rows inside one chunk, scattered into `out` by the kernel);
+  // compressed data goes through HDF5 in runs of consecutive rows.
+  void read_samples(const std::string& split, Field field, std::span<const SampleRead> reads) const;
+  // True if read_samples bypasses the HDF5 library for that array (for tests and benchmarks).
+  bool reads_directly(const std::string& split, Field field) const;
 
   std::map<std::string, std::string> attributes() const;  // root string attributes
   std::map<std::string, double> split_attributes(const std::string& split) const;  // numeric

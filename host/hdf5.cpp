@@ -282,6 +282,75 @@ void Dataset::write(const HostArray& array) {
         file(), object());
 }
 
+void Dataset::read_all(DType dtype, void* out) const {
+  auto guard = lock();
+  Datatype memory = Datatype::memory_type(dtype);
+  check(H5Dread(id(), memory.id(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out), "read", file(), object());
+}
+
+bool Dataset::direct_row_layout(DType dtype, RowLayout& layout) const {
+  auto guard = lock();
+  const std::string action = "inspect the storage of";
+  const std::vector<std::size_t> shape = dims();
+  if (shape.empty() || shape[0] == 0) return false;
+  {
+    // Addresses inside the file are relative to the user block; only plain files qualify.
+    Handle file_id(check(H5Iget_file_id(id()), action, file(), object()), H5Fclose, file(),
+                   object());
+    Handle create(check(H5Fget_create_plist(file_id.id()), action, file(), object()), H5Pclose,
+                  file(), object());
+    hsize_t user_block = 0;
+    check(H5Pget_userblock(create.id(), &user_block), action, file(), object());
+    if (user_block != 0) return false;
+  }
+  {
+    Datatype stored(check(H5Dget_type(id()), action, file(), object()), H5Tclose, file(), object());
+    Datatype memory = Datatype::memory_type(dtype);
+    if (check(H5Tequal(stored.id(), memory.id()), action, file(), object()) <= 0) return false;
+  }
+  Handle create(check(H5Dget_create_plist(id()), action, file(), object()), H5Pclose, file(),
+                object());
+  if (check(H5Pget_external_count(create.id()), action, file(), object()) != 0) return false;
+  layout.row_bytes = shape_elements(shape) / shape[0] * dtype_size(dtype);
+  layout.block_offsets.clear();
+  const H5D_layout_t kind = H5Pget_layout(create.id());
+  if (kind == H5D_CONTIGUOUS) {
+    const haddr_t address = H5Dget_offset(id());
+    if (address == HADDR_UNDEF) {
+      H5Eclear2(H5E_DEFAULT);
+      return false;
+    }
+    layout.rows_per_block = shape[0];
+    layout.block_offsets.push_back(address);
+    return true;
+  }
+#if H5_VERSION_GE(1, 10, 5)
+  if (kind != H5D_CHUNKED) return false;
+  if (check(H5Pget_nfilters(create.id()), action, file(), object()) != 0) return false;
+  std::vector<hsize_t> chunk(shape.size());
+  check(H5Pget_chunk(create.id(), static_cast<int>(chunk.size()), chunk.data()), action, file(),
+        object());
+  for (std::size_t d = 1; d < shape.size(); ++d) {
+    if (chunk[d] != shape[d]) return false;  // a chunk holds part of a row
+  }
+  layout.rows_per_block = chunk[0];
+  std::vector<hsize_t> coordinate(shape.size(), 0);
+  for (std::size_t first = 0; first < shape[0]; first += layout.rows_per_block) {
+    coordinate[0] = first;
+    unsigned filter_mask = 0;
+    haddr_t address = HADDR_UNDEF;
+    hsize_t size = 0;
+    check(H5Dget_chunk_info_by_coord(id(), coordinate.data(), &filter_mask, &address, &size),
+          action, file(), object());
+    if (address == HADDR_UNDEF) return false;  // never written: HDF5 supplies the fill value
+    layout.block_offsets.push_back(address);
+  }
+  return true;
+#else
+  return false;
+#endif
+}
+
 // ---- Group ----
 
 std::string Group::child_path(const std::string& name) const {
@@ -321,6 +390,23 @@ Group Group::open_group(const std::string& name) const {
                H5Gclose, file(), path);
 }
 
+std::vector<std::string> Group::link_names() const {
+  auto guard = lock();
+  std::vector<std::string> names;
+  hsize_t position = 0;
+  auto collect = [](hid_t, const char* name, const H5L_info_t*, void* data) -> herr_t {
+    try {
+      static_cast<std::vector<std::string>*>(data)->emplace_back(name);
+      return 0;
+    } catch (...) {
+      return -1;  // exceptions must not cross the C iteration
+    }
+  };
+  check(H5Literate(id(), H5_INDEX_NAME, H5_ITER_INC, &position, collect, &names),
+        "list the members of", file(), object());
+  return names;
+}
+
 Group Group::create_group(const std::string& name) {
   auto guard = lock();
   const std::string path = child_path(name);
@@ -349,7 +435,7 @@ Dataset Group::create_dataset(const std::string& name, DType dtype,
   auto guard = lock();
   const std::string path = child_path(name);
   const std::string action = "create dataset";
-  if (chunk.size() != dims.size()) {
+  if (!chunk.empty() && chunk.size() != dims.size()) {
     throw Hdf5Error(
         action, file(), path,
         "chunk " + shape_string(chunk) + " and shape " + shape_string(dims) + " differ in rank");
@@ -357,7 +443,7 @@ Dataset Group::create_dataset(const std::string& name, DType dtype,
   Dataspace space = Dataspace::simple(dims, file(), path);
   Handle properties(check(H5Pcreate(H5P_DATASET_CREATE), action, file(), path), H5Pclose, file(),
                     path);
-  if (!dims.empty()) {
+  if (!dims.empty() && !chunk.empty()) {
     const std::vector<hsize_t> h = to_hsize(chunk);
     check(H5Pset_chunk(properties.id(), static_cast<int>(h.size()), h.data()), action, file(),
           path);
@@ -428,6 +514,41 @@ void Group::set_double_attribute(const std::string& name, double value) {
       H5Aclose, file(), where);
   check(H5Awrite(attribute.id(), H5T_NATIVE_DOUBLE, &value), "write", file(), where);
   attribute.close();
+}
+
+void Group::set_uint64_attribute(const std::string& name, std::uint64_t value) {
+  auto guard = lock();
+  const std::string where = object() + " attribute '" + name + "'";
+  if (check(H5Aexists(id(), name.c_str()), "look up", file(), where) > 0) {
+    check(H5Adelete(id(), name.c_str()), "replace", file(), where);
+  }
+  Dataspace space(check(H5Screate(H5S_SCALAR), "write", file(), where), H5Sclose, file(), where);
+  Handle attribute(
+      check(H5Acreate2(id(), name.c_str(), H5T_STD_U64LE, space.id(), H5P_DEFAULT, H5P_DEFAULT),
+            "create", file(), where),
+      H5Aclose, file(), where);
+  check(H5Awrite(attribute.id(), H5T_NATIVE_UINT64, &value), "write", file(), where);
+  attribute.close();
+}
+
+std::uint64_t Group::uint64_attribute(const std::string& name) const {
+  auto guard = lock();
+  const std::string where = object() + " attribute '" + name + "'";
+  if (check(H5Aexists(id(), name.c_str()), "look up", file(), where) <= 0) {
+    throw Hdf5Error("read", file(), where, "the attribute does not exist");
+  }
+  Handle attribute(check(H5Aopen(id(), name.c_str(), H5P_DEFAULT), "open", file(), where), H5Aclose,
+                   file(), where);
+  Datatype type(check(H5Aget_type(attribute.id()), "read the type of", file(), where), H5Tclose,
+                file(), where);
+  Dataspace space(check(H5Aget_space(attribute.id()), "read the shape of", file(), where), H5Sclose,
+                  file(), where);
+  if (H5Tget_class(type.id()) != H5T_INTEGER || H5Sget_simple_extent_npoints(space.id()) != 1) {
+    throw Hdf5Error("read", file(), where, "expected one integer");
+  }
+  std::uint64_t value = 0;
+  check(H5Aread(attribute.id(), H5T_NATIVE_UINT64, &value), "read", file(), where);
+  return value;
 }
 
 namespace {

@@ -4,6 +4,7 @@
 
 #include <hdf5.h>
 
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <span>
@@ -86,6 +87,16 @@ class Dataspace : public Handle {
   void select_rows(std::size_t first, std::size_t count);
 };
 
+// Where the rows (samples) of an uncompressed dataset lie in its file, so that reads can bypass the
+// HDF5 library (one preadv per range of rows, straight into the caller's buffers). Rows are
+// stored in blocks of `rows_per_block` consecutive rows -- the chunks, or one block for a
+// contiguous dataset -- and the bytes of a row never straddle two blocks.
+struct RowLayout {
+  std::size_t row_bytes = 0;
+  std::size_t rows_per_block = 0;
+  std::vector<std::uint64_t> block_offsets;  // file offset of each block, in row order
+};
+
 class Dataset : public Handle {
  public:
   using Handle::Handle;
@@ -101,8 +112,15 @@ class Dataset : public Handle {
   // than the calls it saves.
   void read_row_runs(std::span<const std::pair<std::size_t, std::size_t>> runs, DType dtype,
                      void* out) const;
+  // Reads the whole dataset (any rank, also a scalar) into `out`.
+  void read_all(DType dtype, void* out) const;
   // Writes the whole dataset from `array` (same number of elements).
   void write(const HostArray& array);
+  // Fills `layout` and returns true if the rows can be read straight from the file as `dtype`:
+  // no filters (compression), no external storage or user block, every block allocated, the
+  // stored type identical to the in-memory type, and chunks that hold whole rows. Otherwise
+  // returns false and reads must go through read_rows.
+  bool direct_row_layout(DType dtype, RowLayout& layout) const;
 };
 
 class Group : public Handle {
@@ -112,16 +130,22 @@ class Group : public Handle {
   bool has_group(const std::string& name) const;
   bool has_dataset(const std::string& name) const;
   Group open_group(const std::string& name) const;
+  // Names of the links (groups, datasets) in this group, in name order.
+  std::vector<std::string> link_names() const;
   Group create_group(const std::string& name);
   // chunk_cache_bytes: HDF5's per-dataset chunk cache; 0 reads uncompressed rows straight from
   // the file (best for random sample access), SIZE_MAX keeps HDF5's default.
   Dataset open_dataset(const std::string& name, std::size_t chunk_cache_bytes = SIZE_MAX) const;
-  // A chunked dataset; `chunk` has the rank of `dims` (deflate_level 0 = no compression).
+  // A chunked dataset; `chunk` has the rank of `dims` (deflate_level 0 = no compression). An
+  // empty `chunk` makes a contiguous dataset (no compression), e.g. for checkpoint tensors.
   Dataset create_dataset(const std::string& name, DType dtype, std::span<const std::size_t> dims,
                          std::span<const std::size_t> chunk, int deflate_level = 0);
 
   void set_string_attribute(const std::string& name, const std::string& value);
   void set_double_attribute(const std::string& name, double value);
+  void set_uint64_attribute(const std::string& name, std::uint64_t value);
+  // A scalar integer attribute; Hdf5Error if it is missing or not a non-negative integer.
+  std::uint64_t uint64_attribute(const std::string& name) const;
   // All string attributes (fixed or variable length); other attribute types are skipped.
   std::map<std::string, std::string> string_attributes() const;
   // All scalar numeric attributes, converted to double; other attribute types are skipped.

@@ -1,11 +1,17 @@
-// Loader: epoch permutation, drop-last sharding across replicas, batch reads through DatasetFile.
+// Loader: epoch permutation, drop-last sharding across replicas, batch reads through DatasetFile,
+// the prefetching reader thread, and the check for non-finite values.
 // std::shuffle and std::uniform_int_distribution are implementation-defined, so we use our own.
 #include "host/loader.hpp"
 
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <stdexcept>
+#include <thread>
 
 namespace ipupod::host {
 namespace {
@@ -27,7 +33,169 @@ std::uint64_t uniform_below(std::mt19937_64& engine, std::uint64_t bound) {
   return value % bound;
 }
 
+// IEEE exponent fields: all ones means infinity or NaN.
+constexpr std::uint32_t kF32Exponent = 0x7F800000U;
+constexpr std::uint16_t kF16Exponent = 0x7C00U;
+
+template <class Bits>
+std::size_t first_non_finite(std::span<const std::byte> bytes, Bits exponent) {
+  const std::size_t count = bytes.size() / sizeof(Bits);
+  // A branch-free scan first (vectorised by the compiler); most batches are clean.
+  bool any = false;
+  for (std::size_t i = 0; i < count; ++i) {
+    Bits value;
+    std::memcpy(&value, bytes.data() + i * sizeof(Bits), sizeof(Bits));
+    any |= (value & exponent) == exponent;
+  }
+  if (!any) return count;
+  for (std::size_t i = 0; i < count; ++i) {
+    Bits value;
+    std::memcpy(&value, bytes.data() + i * sizeof(Bits), sizeof(Bits));
+    if ((value & exponent) == exponent) return i;
+  }
+  return count;
+}
+
+// DatasetError naming split, sample (index in the file) and element if `array` holds NaN or
+// infinity; integer arrays always pass.
+void check_finite(const HostArray& array, const LoaderConfig& config, Field field,
+                  std::span<const std::size_t> indices) {
+  std::size_t bad = 0;
+  if (array.dtype == DType::f32) {
+    bad = first_non_finite<std::uint32_t>(array.bytes, kF32Exponent);
+  } else if (array.dtype == DType::f16) {
+    bad = first_non_finite<std::uint16_t>(array.bytes, kF16Exponent);
+  } else {
+    return;
+  }
+  if (bad == array.elements()) return;
+  const std::vector<std::size_t> sample_shape(array.shape.begin() + 1, array.shape.end());
+  const std::size_t per_sample = shape_elements(sample_shape);
+  const std::size_t element = bad % per_sample;
+  std::vector<std::size_t> position(sample_shape.size());
+  for (std::size_t d = sample_shape.size(), rest = element; d-- > 0;) {
+    position[d] = rest % sample_shape[d];
+    rest /= sample_shape[d];
+  }
+  bool nan = false;
+  if (array.dtype == DType::f32) {
+    float value;
+    std::memcpy(&value, array.bytes.data() + bad * 4, 4);
+    nan = value != value;
+  } else {
+    std::uint16_t bits;
+    std::memcpy(&bits, array.bytes.data() + bad * 2, 2);
+    nan = (bits & 0x03FFU) != 0;
+  }
+  throw DatasetError(
+      "dataset '" + config.path + "': split '" + config.split + "', " +
+      std::string(field_name(field)) + " of sample " + std::to_string(indices[bad / per_sample]) +
+      ", element " + std::to_string(element) + " (position " + shape_string(position) +
+      " in a sample of shape " + shape_string(sample_shape) + ") is " + (nan ? "NaN" : "infinite") +
+      "; training needs finite values: fill or mask missing values when "
+      "converting the data");
+}
+
 }  // namespace
+
+// ---------------------------------------------------------------- Prefetcher
+
+class Loader::Prefetcher {
+ public:
+  explicit Prefetcher(const Loader& loader)
+      : loader_(loader), cursor_(loader.config().replicas, 0) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~Prefetcher() {
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+
+  // Hands out replica's batch of host step `position` (epoch * steps_per_epoch + step) if the
+  // window has it, waiting while it is being read; false if the request must be read directly.
+  bool take(std::uint64_t position, std::size_t replica, Batch& out) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (position + 1 <= cursor_[replica]) return false;  // a repeat or a step back
+    cursor_[replica] = position + 1;
+    std::shared_ptr<Slot> slot;
+    for (const auto& candidate : window_) {
+      if (candidate->position == position) slot = candidate;
+    }
+    std::exception_ptr error;
+    bool served = false;
+    if (slot) {
+      changed_.wait(lock, [&] { return slot->ready || stop_; });
+      if (slot->ready) {
+        served = true;
+        error = slot->errors[replica];
+        out = std::move(slot->batches[replica]);
+      }
+    }
+    // Steps every replica has taken or passed are dropped; the reader never goes back to them.
+    const std::uint64_t done = *std::min_element(cursor_.begin(), cursor_.end());
+    while (!window_.empty() && window_.front()->position < done) window_.pop_front();
+    if (next_ < done) next_ = done;
+    lock.unlock();
+    changed_.notify_all();
+    if (error) std::rethrow_exception(error);
+    return served;
+  }
+
+ private:
+  struct Slot {
+    std::uint64_t position = 0;
+    bool ready = false;
+    std::vector<Batch> batches;
+    std::vector<std::exception_ptr> errors;
+  };
+
+  void run() {
+    std::vector<std::size_t> replicas(loader_.config().replicas);
+    std::iota(replicas.begin(), replicas.end(), std::size_t{0});
+    const std::size_t steps = loader_.steps_per_epoch();
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      changed_.wait(lock,
+                    [&] { return stop_ || window_.size() < loader_.config().prefetch_steps; });
+      if (stop_) return;
+      auto slot = std::make_shared<Slot>();
+      slot->position = next_++;
+      window_.push_back(slot);
+      lock.unlock();
+      std::vector<Batch> batches;
+      std::vector<std::exception_ptr> errors(replicas.size());
+      try {
+        batches =
+            loader_.read_batches(slot->position / steps, slot->position % steps, replicas, errors);
+      } catch (...) {
+        batches.resize(replicas.size());
+        std::fill(errors.begin(), errors.end(), std::current_exception());
+      }
+      lock.lock();
+      slot->batches = std::move(batches);
+      slot->errors = std::move(errors);
+      slot->ready = true;
+      changed_.notify_all();
+    }
+  }
+
+  const Loader& loader_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<std::shared_ptr<Slot>> window_;  // ascending positions
+  std::uint64_t next_ = 0;                    // the next position the reader reads
+  std::vector<std::uint64_t> cursor_;         // per replica: 1 + the last position asked for
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// ---------------------------------------------------------------- Loader
 
 std::vector<std::size_t> epoch_permutation(std::size_t count, std::uint64_t seed,
                                            std::uint64_t epoch) {
@@ -57,11 +225,28 @@ Loader::Loader(LoaderConfig config) : config_(std::move(config)), file_(config_.
                        " replicas x " + std::to_string(config_.samples_per_step) +
                        " samples per step); use fewer replicas, a smaller batch or more data");
   }
+  if (config_.prefetch_steps > 0) prefetcher_ = std::make_unique<Prefetcher>(*this);
+}
+
+Loader::~Loader() {
+  prefetcher_.reset();
+}
+
+Loader::Stats Loader::stats() const {
+  std::lock_guard<std::mutex> guard(stats_mutex_);
+  return stats_;
 }
 
 std::shared_ptr<const std::vector<std::size_t>> Loader::epoch_order(std::size_t epoch) const {
   std::lock_guard<std::mutex> guard(cache_mutex_);
+  // Two epochs are kept: the reader may already be in the next one while batch() is not.
+  if (previous_order_ && previous_epoch_ == epoch) {
+    std::swap(previous_order_, cached_order_);
+    std::swap(previous_epoch_, cached_epoch_);
+  }
   if (!cached_order_ || cached_epoch_ != epoch) {
+    previous_order_ = std::move(cached_order_);
+    previous_epoch_ = cached_epoch_;
     std::vector<std::size_t> order;
     if (config_.shuffle) {
       order = epoch_permutation(info_.samples, config_.seed, epoch);
@@ -89,7 +274,7 @@ std::vector<std::size_t> Loader::shard_indices(std::size_t epoch, std::size_t re
   return shard;
 }
 
-Batch Loader::batch(std::size_t epoch, std::size_t step, std::size_t replica) const {
+void Loader::check_position(std::size_t step, std::size_t replica) const {
   if (step >= steps_per_epoch_) {
     throw std::out_of_range("loader: step " + std::to_string(step) + " out of range (" +
                             std::to_string(steps_per_epoch_) + " steps per epoch)");
@@ -98,19 +283,80 @@ Batch Loader::batch(std::size_t epoch, std::size_t step, std::size_t replica) co
     throw std::out_of_range("loader: replica " + std::to_string(replica) + " out of range (" +
                             std::to_string(config_.replicas) + " replicas)");
   }
+}
+
+std::vector<Batch> Loader::read_batches(std::size_t epoch, std::size_t step,
+                                        std::span<const std::size_t> replicas,
+                                        std::vector<std::exception_ptr>& errors) const {
   const auto order = epoch_order(epoch);
-  std::vector<std::size_t> indices(config_.samples_per_step);
-  for (std::size_t k = 0; k < indices.size(); ++k) {
-    const std::size_t position = step * config_.samples_per_step + k;
-    indices[k] = (*order)[position * config_.replicas + replica];
+  const std::size_t per_batch = config_.samples_per_step;
+  std::vector<Batch> batches(replicas.size());
+  std::vector<std::vector<std::size_t>> indices(replicas.size());
+  std::vector<SampleRead> inputs, targets;
+  inputs.reserve(replicas.size() * per_batch);
+  targets.reserve(replicas.size() * per_batch);
+  const auto with_samples = [&](const ArraySpec& spec) {
+    std::vector<std::size_t> shape{per_batch};
+    shape.insert(shape.end(), spec.sample_shape.begin(), spec.sample_shape.end());
+    return shape;
+  };
+  const std::size_t input_bytes =
+      shape_elements(info_.inputs.sample_shape) * dtype_size(info_.inputs.dtype);
+  const std::size_t target_bytes =
+      shape_elements(info_.targets.sample_shape) * dtype_size(info_.targets.dtype);
+  for (std::size_t b = 0; b < replicas.size(); ++b) {
+    Batch& batch = batches[b];
+    batch.epoch = epoch;
+    batch.step = step;
+    batch.replica = replicas[b];
+    batch.inputs = HostArray::zeros(info_.inputs.dtype, with_samples(info_.inputs));
+    batch.targets = HostArray::zeros(info_.targets.dtype, with_samples(info_.targets));
+    indices[b].resize(per_batch);
+    for (std::size_t k = 0; k < per_batch; ++k) {
+      const std::size_t position = step * per_batch + k;
+      const std::size_t index = (*order)[position * config_.replicas + replicas[b]];
+      indices[b][k] = index;
+      inputs.push_back({index, batch.inputs.bytes.data() + k * input_bytes});
+      targets.push_back({index, batch.targets.bytes.data() + k * target_bytes});
+    }
   }
-  Batch batch;
-  batch.epoch = epoch;
-  batch.step = step;
-  batch.replica = replica;
-  batch.inputs = file_.read_inputs(config_.split, indices);
-  batch.targets = file_.read_targets(config_.split, indices);
-  return batch;
+  // One gather per array for the whole step: sorted by file position, chunk by chunk.
+  file_.read_samples(config_.split, Field::inputs, inputs);
+  file_.read_samples(config_.split, Field::targets, targets);
+  errors.assign(replicas.size(), nullptr);
+  if (config_.check_finite) {
+    for (std::size_t b = 0; b < replicas.size(); ++b) {
+      try {
+        check_finite(batches[b].inputs, config_, Field::inputs, indices[b]);
+        check_finite(batches[b].targets, config_, Field::targets, indices[b]);
+      } catch (const DatasetError&) {
+        errors[b] = std::current_exception();
+      }
+    }
+  }
+  return batches;
+}
+
+Batch Loader::batch(std::size_t epoch, std::size_t step, std::size_t replica) const {
+  check_position(step, replica);
+  if (prefetcher_) {
+    Batch batch;
+    if (prefetcher_->take(static_cast<std::uint64_t>(epoch) * steps_per_epoch_ + step, replica,
+                          batch)) {
+      std::lock_guard<std::mutex> guard(stats_mutex_);
+      ++stats_.prefetched;
+      return batch;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> guard(stats_mutex_);
+    ++stats_.synchronous;
+  }
+  const std::size_t replicas[] = {replica};
+  std::vector<std::exception_ptr> errors;
+  std::vector<Batch> batches = read_batches(epoch, step, replicas, errors);
+  if (errors[0]) std::rethrow_exception(errors[0]);
+  return std::move(batches[0]);
 }
 
 }  // namespace ipupod::host

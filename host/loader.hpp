@@ -1,11 +1,14 @@
 // The host's data loader: shards each epoch of a dataset split across replicas (shuffled with a
-// seeded, portable permutation, drop-last like PopTorch) and reads per-replica host-step batches.
+// seeded, portable permutation, drop-last like PopTorch) and reads per-replica host-step batches,
+// prefetched by a background reader.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -22,6 +25,11 @@ struct LoaderConfig {
   std::size_t samples_per_step = 1;
   bool shuffle = true;
   std::uint64_t seed = 0;
+  // Host steps (every replica's batch of a step) a background reader keeps ready ahead of the
+  // batch() calls; 0 reads synchronously inside batch(). Memory: prefetch_steps global batches.
+  std::size_t prefetch_steps = 2;
+  // NaN or infinity in a float array of a batch is a DatasetError naming split, sample, element.
+  bool check_finite = true;
 };
 
 struct Batch {
@@ -35,9 +43,19 @@ struct Batch {
 //   2. keep the first steps_per_epoch * replicas * samples_per_step entries (drop-last);
 //   3. replica r takes p[r], p[r + R], p[r + 2R], ... (interleaved, like torch's
 //      DistributedSampler), so every global batch comes from one contiguous block of p.
+//
+// Prefetch: the reader walks host steps in order (epoch 0 step 0, 1, ..., then epoch 1 ...),
+// reading each step's global batch with one sorted gather per array, and keeps at most
+// prefetch_steps steps ready. batch(e, s, r) takes replica r's batch of a ready step without
+// copying; a step is dropped once every replica has taken it or asked for a later one. Any other
+// request (a repeat, going back, far ahead) is read synchronously. Either way the result is the
+// same: a batch is a pure function of (seed, epoch, step, replica).
 class Loader {
  public:
   explicit Loader(LoaderConfig config);  // opens and validates the DatasetFile
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
 
   const LoaderConfig& config() const { return config_; }
   const SplitInfo& info() const { return info_; }
@@ -49,19 +67,39 @@ class Loader {
   // (steps_per_epoch * samples_per_step of them).
   std::vector<std::size_t> shard_indices(std::size_t epoch, std::size_t replica) const;
   // Samples [step * samples_per_step, (step + 1) * samples_per_step) of that shard.
+  // Safe to call from several threads (e.g. one feeder per replica).
   Batch batch(std::size_t epoch, std::size_t step, std::size_t replica) const;
 
+  // Counters for tests and benchmarks: batches handed out from the prefetched window, and
+  // batches read synchronously in batch().
+  struct Stats {
+    std::size_t prefetched = 0;
+    std::size_t synchronous = 0;
+  };
+  Stats stats() const;
+
  private:
+  class Prefetcher;
   std::shared_ptr<const std::vector<std::size_t>> epoch_order(std::size_t epoch) const;
+  void check_position(std::size_t step, std::size_t replica) const;
+  // The batches of `replicas` at (epoch, step); a failed check is stored per replica.
+  std::vector<Batch> read_batches(std::size_t epoch, std::size_t step,
+                                  std::span<const std::size_t> replicas,
+                                  std::vector<std::exception_ptr>& errors) const;
 
   LoaderConfig config_;
   DatasetFile file_;
   SplitInfo info_;
   std::size_t steps_per_epoch_ = 0;
-  // The permutation of the most recent epoch, shared by all replicas' batch() calls.
+  // The permutations of the two most recent epochs, shared by all replicas' batch() calls.
   mutable std::mutex cache_mutex_;
   mutable std::size_t cached_epoch_ = 0;
   mutable std::shared_ptr<const std::vector<std::size_t>> cached_order_;
+  mutable std::size_t previous_epoch_ = 0;
+  mutable std::shared_ptr<const std::vector<std::size_t>> previous_order_;
+  mutable std::mutex stats_mutex_;
+  mutable Stats stats_;
+  std::unique_ptr<Prefetcher> prefetcher_;  // last: stopped before the rest is destroyed
 };
 
 // A permutation of 0..count-1 from a Fisher-Yates shuffle driven by mt19937_64 seeded from

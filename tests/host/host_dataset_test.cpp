@@ -132,9 +132,7 @@ TEST(Dataset, OtherDtypesRoundTrip) {
     HostArray bytes =
         HostArray::from_values<std::uint8_t>({3}, std::vector<std::uint8_t>{1, 2, 255});
     writer.write_split("train", half, bytes);
-    HostArray words =
-        HostArray::from_values<std::uint32_t>({2, 1}, std::vector<std::uint32_t>{7, 4000000000u});
-    writer.write_split("test", words,
+    writer.write_split("test", HostArray::zeros(DType::f16, {2, 2}),
                        HostArray::from_values<std::uint8_t>({2}, std::vector<std::uint8_t>{0, 1}));
     writer.finish();
   }
@@ -145,7 +143,20 @@ TEST(Dataset, OtherDtypesRoundTrip) {
   HostArray half = file.read_inputs("train", all);
   for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(half.as<Half>()[i].bits, 0x3C00 + i);
   EXPECT_EQ(file.read_targets("train", all).as<std::uint8_t>()[2], 255);
-  EXPECT_EQ(file.read_inputs("test", std::vector<std::size_t>{1}).as<std::uint32_t>()[0],
+
+  const std::string words_path = dir.file("words.h5");
+  {
+    DatasetWriter writer(words_path);
+    HostArray words =
+        HostArray::from_values<std::uint32_t>({2, 1}, std::vector<std::uint32_t>{7, 4000000000u});
+    HostArray labels = HostArray::from_values<std::int32_t>({2}, std::vector<std::int32_t>{0, 1});
+    writer.write_split("train", words, labels);
+    writer.write_split("test", words, labels);
+    writer.finish();
+  }
+  EXPECT_EQ(DatasetFile(words_path)
+                .read_inputs("test", std::vector<std::size_t>{1})
+                .as<std::uint32_t>()[0],
             4000000000u);
 }
 
