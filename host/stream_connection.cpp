@@ -4,13 +4,17 @@
 
 #include <sys/socket.h>
 
+#include <array>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
 
 namespace ipupod::host::detail {
 
-Connection::Connection(boost::asio::ip::tcp::socket socket, std::string peer, bool trusted)
-    : socket_(std::move(socket)), peer_(std::move(peer)), authenticated_(trusted) {
+Connection::Connection(boost::asio::ip::tcp::socket socket, std::string peer, bool trusted, Log log)
+    : socket_(std::move(socket)),
+      peer_(std::move(peer)),
+      authenticated_(trusted),
+      log_(std::move(log)) {
   boost::system::error_code ignored;
   socket_.set_option(boost::asio::ip::tcp::no_delay(true), ignored);
   reader_ = std::thread([this] { read_loop(); });
@@ -51,6 +55,17 @@ void Connection::read_loop() {
       }
       changed_.notify_all();
     }
+  } catch (const FrameError& error) {
+    // The byte stream cannot be trusted past a bad frame: say why and stop reading.
+    std::string peer;
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      peer = peer_;
+    }
+    const std::string reason = std::string(error.what()) + " from " + peer;
+    if (log_) log_(reason + "; closing the connection");
+    write_close(error.what());
+    end(reason);
   } catch (const std::exception& error) {
     bool local = false;
     {
@@ -75,14 +90,18 @@ void Connection::throw_ended(const std::string& doing) {
 }
 
 void Connection::write(FrameKind kind, const Frame& frame) {
-  const std::vector<std::byte> bytes = encode_frame(kind, frame);
+  const std::vector<std::byte> head = encode_frame_head(kind, frame);
+  const std::uint32_t trailer = frame_trailer(head, frame.array.bytes);
+  const std::array<boost::asio::const_buffer, 3> pieces = {
+      boost::asio::buffer(head), boost::asio::buffer(frame.array.bytes),
+      boost::asio::buffer(&trailer, sizeof(trailer))};
   std::lock_guard<std::mutex> guard(write_mutex_);
   {
     std::lock_guard<std::mutex> state(mutex_);
     if (shut_down_) throw StreamError("cannot send to " + peer_ + ": the connection is closed");
   }
   boost::system::error_code ec;
-  boost::asio::write(socket_, boost::asio::buffer(bytes), ec);
+  boost::asio::write(socket_, pieces, ec);
   if (ec) throw StreamError("cannot send to " + peer_ + ": " + ec.message());
 }
 

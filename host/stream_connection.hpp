@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -28,7 +29,11 @@ class Connection {
   // error messages (e.g. "client 1 (127.0.0.1:5555)"). A client connects to a host it chose,
   // so it trusts it from the start (`trusted`): its frames are not held to the hello limit,
   // which the reader thread would otherwise apply to the first data frame too.
-  Connection(boost::asio::ip::tcp::socket socket, std::string peer, bool trusted = false);
+  // A frame that fails a check ends the connection: the reason goes to `log` (if set), to the
+  // peer in a close frame, and to whoever next waits on this connection.
+  using Log = std::function<void(const std::string&)>;
+  Connection(boost::asio::ip::tcp::socket socket, std::string peer, bool trusted = false,
+             Log log = {});
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -38,7 +43,8 @@ class Connection {
   // Lifts the payload limit from kMaxHelloPayloadBytes to kMaxPayloadBytes.
   void set_authenticated() { authenticated_ = true; }
 
-  // Encodes and writes one frame; StreamError if the connection is gone.
+  // Writes one frame, the payload straight from `frame` (no copy); StreamError if the
+  // connection is gone.
   void write(FrameKind kind, const Frame& frame);
   // Best effort: tells the peer why we are closing; never throws.
   void write_close(const std::string& reason) noexcept;
@@ -62,6 +68,7 @@ class Connection {
   boost::asio::ip::tcp::socket socket_;
   std::string peer_;
   std::atomic<bool> authenticated_{false};
+  Log log_;
   std::mutex write_mutex_;
 
   mutable std::mutex mutex_;

@@ -61,11 +61,11 @@ __attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42(const std::byte* da
 }
 #endif
 
+// Writes `value` at `at` (little-endian host) and returns the position after it.
 template <class T>
-void put(std::vector<std::byte>& out, T value) {
-  std::byte raw[sizeof(T)];
-  std::memcpy(raw, &value, sizeof(T));
-  out.insert(out.end(), raw, raw + sizeof(T));
+std::byte* put(std::byte* at, T value) {
+  std::memcpy(at, &value, sizeof(T));
+  return at + sizeof(T);
 }
 
 template <class T>
@@ -109,6 +109,21 @@ std::string_view frame_kind_name(FrameKind kind) {
 }
 
 std::vector<std::byte> encode_frame(FrameKind kind, const Frame& frame) {
+  const std::vector<std::byte> head = encode_frame_head(kind, frame);
+  const std::vector<std::byte>& payload = frame.array.bytes;
+  const std::uint32_t trailer = frame_trailer(head, payload);
+  std::vector<std::byte> out(head.size() + payload.size() + kFrameTrailerBytes);
+  std::memcpy(out.data(), head.data(), head.size());
+  if (!payload.empty()) std::memcpy(out.data() + head.size(), payload.data(), payload.size());
+  std::memcpy(out.data() + head.size() + payload.size(), &trailer, kFrameTrailerBytes);
+  return out;
+}
+
+std::uint32_t frame_trailer(std::span<const std::byte> head, std::span<const std::byte> payload) {
+  return crc32c(payload, crc32c(head));
+}
+
+std::vector<std::byte> encode_frame_head(FrameKind kind, const Frame& frame) {
   const HostArray& array = frame.array;
   if (array.shape.size() > kMaxFrameRank) {
     throw StreamError("cannot send " + array.describe() + ": rank " +
@@ -126,20 +141,18 @@ std::vector<std::byte> encode_frame(FrameKind kind, const Frame& frame) {
                       " bytes exceed the frame limit of " + std::to_string(kMaxPayloadBytes) +
                       " bytes; split it into several frames");
   }
-  std::vector<std::byte> out;
-  out.reserve(kFrameHeaderBytes + 8 * array.shape.size() + expected + kFrameTrailerBytes);
-  put<std::uint32_t>(out, kStreamMagic);
-  put<std::uint16_t>(out, kStreamVersion);
-  put<std::uint8_t>(out, static_cast<std::uint8_t>(kind));
-  put<std::uint8_t>(out, static_cast<std::uint8_t>(array.dtype));
-  put<std::uint16_t>(out, frame.stream);
-  put<std::uint8_t>(out, static_cast<std::uint8_t>(array.shape.size()));
-  put<std::uint8_t>(out, 0);
-  put<std::uint64_t>(out, frame.step);
-  put<std::uint64_t>(out, expected);
-  for (std::size_t extent : array.shape) put<std::uint64_t>(out, extent);
-  out.insert(out.end(), array.bytes.begin(), array.bytes.end());
-  put<std::uint32_t>(out, crc32c(out));
+  std::vector<std::byte> out(kFrameHeaderBytes + 8 * array.shape.size());
+  std::byte* at = out.data();
+  at = put<std::uint32_t>(at, kStreamMagic);
+  at = put<std::uint16_t>(at, kStreamVersion);
+  at = put<std::uint8_t>(at, static_cast<std::uint8_t>(kind));
+  at = put<std::uint8_t>(at, static_cast<std::uint8_t>(array.dtype));
+  at = put<std::uint16_t>(at, frame.stream);
+  at = put<std::uint8_t>(at, static_cast<std::uint8_t>(array.shape.size()));
+  at = put<std::uint8_t>(at, 0);
+  at = put<std::uint64_t>(at, frame.step);
+  at = put<std::uint64_t>(at, expected);
+  for (std::size_t extent : array.shape) at = put<std::uint64_t>(at, extent);
   return out;
 }
 
@@ -148,7 +161,7 @@ WireFrame read_frame(const ReadExact& read, std::uint64_t max_payload_bytes) {
   std::array<std::byte, kFrameHeaderBytes> header;
   read(header);
   const auto reject = [](const std::string& reason) {
-    throw StreamError("rejected stream frame: " + reason);
+    throw FrameError("rejected stream frame: " + reason);
   };
   const auto magic = get<std::uint32_t>(header.data() + 0);
   if (magic != kStreamMagic) {
@@ -223,9 +236,9 @@ WireFrame decode_frame(std::span<const std::byte> bytes, std::uint64_t max_paylo
   std::size_t offset = 0;
   const ReadExact read = [&](std::span<std::byte> buffer) {
     if (buffer.size() > bytes.size() - offset) {
-      throw StreamError("rejected stream frame: truncated (needed " +
-                        std::to_string(offset + buffer.size()) + " bytes, have " +
-                        std::to_string(bytes.size()) + ")");
+      throw FrameError("rejected stream frame: truncated (needed " +
+                       std::to_string(offset + buffer.size()) + " bytes, have " +
+                       std::to_string(bytes.size()) + ")");
     }
     if (buffer.empty()) return;  // memcpy must not see the null pointer of an empty span
     std::memcpy(buffer.data(), bytes.data() + offset, buffer.size());
@@ -233,8 +246,8 @@ WireFrame decode_frame(std::span<const std::byte> bytes, std::uint64_t max_paylo
   };
   WireFrame wire = read_frame(read, max_payload_bytes);
   if (offset != bytes.size()) {
-    throw StreamError("rejected stream frame: " + std::to_string(bytes.size() - offset) +
-                      " trailing bytes after the frame");
+    throw FrameError("rejected stream frame: " + std::to_string(bytes.size() - offset) +
+                     " trailing bytes after the frame");
   }
   return wire;
 }

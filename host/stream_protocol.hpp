@@ -19,6 +19,12 @@ class StreamError : public std::runtime_error {
   using runtime_error::runtime_error;
 };
 
+// A frame failed one of read_frame's checks (the peer is broken or not an ipupod endpoint; the
+// connection cannot be trusted any more and is closed).
+class FrameError : public StreamError {
+  using StreamError::StreamError;
+};
+
 // CRC-32C (Castagnoli, reflected polynomial 0x82F63B78). crc32c("123456789") == 0xE3069283.
 // Pass the previous result as `crc` to continue a running checksum over several pieces.
 std::uint32_t crc32c(std::span<const std::byte> data, std::uint32_t crc = 0);
@@ -68,14 +74,18 @@ struct WireFrame {
 // The bytes of one frame. Throws StreamError if the array breaks a bound or its byte count
 // disagrees with its shape.
 std::vector<std::byte> encode_frame(FrameKind kind, const Frame& frame);
+// The same frame in three pieces so that a writer can send the payload from where it lies
+// (gather write) instead of copying it: head (header and dims), frame.array.bytes, trailer.
+std::vector<std::byte> encode_frame_head(FrameKind kind, const Frame& frame);
+std::uint32_t frame_trailer(std::span<const std::byte> head, std::span<const std::byte> payload);
 
 // Fills exactly `buffer.size()` bytes or throws (StreamError on end of stream).
 using ReadExact = std::function<void(std::span<std::byte> buffer)>;
 
 // Reads and validates one frame: magic, version, kind, dtype, rank, reserved byte, payload bound
 // (`max_payload_bytes`, at most kMaxPayloadBytes), payload == product(dims) * dtype size, then
-// the CRC. Throws StreamError naming the failed check; allocates only after the checks that
-// bound the allocation have passed.
+// the CRC. Throws FrameError naming the failed check (StreamError if `read` fails); allocates
+// only after the checks that bound the allocation have passed.
 WireFrame read_frame(const ReadExact& read, std::uint64_t max_payload_bytes = kMaxPayloadBytes);
 
 // read_frame over a buffer that must hold exactly one frame.

@@ -181,7 +181,9 @@ void StreamServer::accept_clients() {
     const std::string peer_address =
         ec ? std::string("unknown peer")
            : remote.address().to_string() + ":" + std::to_string(remote.port());
-    auto connection = std::make_unique<detail::Connection>(std::move(socket), peer_address);
+    auto connection =
+        std::make_unique<detail::Connection>(std::move(socket), peer_address, /*trusted=*/false,
+                                             [&s](const std::string& line) { s.log(line); });
     std::string refusal;
     const std::size_t id = s.authenticate(*connection, deadline, refusal);
     if (!refusal.empty()) {

@@ -1,0 +1,206 @@
+// Checkpoint writer and reader on the HDF5 layer, with the POSIX steps (fsync of the file and its
+// directory, rename) that make a save atomic on a crash or power loss.
+#include "host/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "host/hdf5.hpp"
+
+namespace ipupod::host {
+namespace {
+
+constexpr const char* kFormat = "ipupod-checkpoint";
+constexpr std::uint64_t kVersion = 1;
+
+void check_name(const std::string& name, const std::string& kind) {
+  if (name.empty() || name == "." || name.find('/') != std::string::npos) {
+    throw CheckpointError("cannot save " + kind + " '" + name +
+                          "': a checkpoint name must be non-empty, not '.', and without '/'");
+  }
+}
+
+HostArray bytes_of(const std::string& text) {
+  HostArray array = HostArray::zeros(DType::u8, {text.size()});
+  if (!text.empty()) std::memcpy(array.bytes.data(), text.data(), text.size());
+  return array;
+}
+
+void write_array(h5::Group& group, const std::string& name, const HostArray& array) {
+  if (array.bytes.size() != array.elements() * dtype_size(array.dtype)) {
+    throw CheckpointError("cannot save tensor '" + name + "' " + array.describe() + ": it holds " +
+                          std::to_string(array.bytes.size()) + " bytes, its shape needs " +
+                          std::to_string(array.elements() * dtype_size(array.dtype)));
+  }
+  h5::Dataset dataset = group.create_dataset(name, array.dtype, array.shape, {});
+  if (!array.bytes.empty()) dataset.write(array);
+}
+
+HostArray read_array(const h5::Group& group, const std::string& name) {
+  h5::Dataset dataset = group.open_dataset(name);
+  HostArray array;
+  if (!dataset.stored_dtype(array.dtype)) {
+    throw CheckpointError("'" + dataset.object() + "' in '" + dataset.file() + "' is stored as " +
+                          dataset.type_description() + ", not a type ipupod writes");
+  }
+  array = HostArray::zeros(array.dtype, dataset.dims());
+  if (!array.bytes.empty()) dataset.read_all(array.dtype, array.bytes.data());
+  return array;
+}
+
+std::string read_text(const h5::Group& group, const std::string& name) {
+  const HostArray array = read_array(group, name);
+  if (array.dtype != DType::u8 || array.shape.size() != 1) {
+    throw CheckpointError("'" + name + "' in checkpoint '" + group.file() +
+                          "' should be uint8 text, got " + array.describe());
+  }
+  return std::string(reinterpret_cast<const char*>(array.bytes.data()), array.bytes.size());
+}
+
+// fsync of a file or directory by path; `what` names it in the error.
+void sync_path(const std::string& path, int flags, const std::string& what) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) {
+    throw CheckpointError("cannot open " + what + " '" + path +
+                          "' to sync it: " + std::strerror(errno));
+  }
+  const int result = ::fsync(fd);
+  const int error = errno;
+  ::close(fd);
+  if (result != 0) {
+    throw CheckpointError("cannot sync " + what + " '" + path +
+                          "' to disk: " + std::strerror(error) + " (is the disk full or failing?)");
+  }
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const Checkpoint& checkpoint,
+                     const CheckpointProgress& progress) {
+  for (const auto& [name, array] : checkpoint.tensors) check_name(name, "tensor");
+  for (const auto& [name, state] : checkpoint.rng_states) check_name(name, "RNG state");
+  const std::filesystem::path target(path);
+  const std::filesystem::path directory =
+      target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path();
+  std::error_code ec;
+  if (!std::filesystem::is_directory(directory, ec)) {
+    throw CheckpointError("cannot save checkpoint '" + path + "': directory '" +
+                          directory.string() + "' does not exist; create it first");
+  }
+  const std::string temporary = path + ".tmp";
+  try {
+    {
+      h5::File file = h5::File::create(temporary);
+      file.set_string_attribute("format", kFormat);
+      file.set_uint64_attribute("version", kVersion);
+      file.set_uint64_attribute("step", checkpoint.step);
+      write_array(file, "config_json", bytes_of(checkpoint.config_json));
+      h5::Group rng = file.create_group("rng");
+      for (const auto& [name, state] : checkpoint.rng_states) {
+        write_array(rng, name, bytes_of(state));
+      }
+      h5::Group tensors = file.create_group("tensors");
+      std::size_t written = 0;
+      for (const auto& [name, array] : checkpoint.tensors) {
+        write_array(tensors, name, array);
+        if (progress) progress(++written, checkpoint.tensors.size());
+      }
+      tensors.close();
+      rng.close();
+      file.flush();
+      file.close();
+    }
+    sync_path(temporary, O_RDONLY, "checkpoint file");
+    std::filesystem::rename(temporary, target, ec);
+    if (ec) {
+      throw CheckpointError("cannot move '" + temporary + "' to '" + path + "': " + ec.message());
+    }
+    sync_path(directory.string(), O_RDONLY | O_DIRECTORY, "directory");
+  } catch (const Hdf5Error& error) {
+    std::filesystem::remove(temporary, ec);
+    throw CheckpointError("cannot save checkpoint '" + path + "': " + error.what() +
+                          " (check free space and that the directory is writable)");
+  } catch (...) {
+    std::filesystem::remove(temporary, ec);
+    throw;
+  }
+}
+
+Checkpoint load_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    throw CheckpointError("checkpoint '" + path + "' does not exist or is not a file");
+  }
+  if (!h5::is_hdf5_file(path)) {
+    throw CheckpointError("'" + path + "' is not an HDF5 file, so not an ipupod checkpoint");
+  }
+  try {
+    const h5::File file = h5::File::open(path, true);
+    const auto strings = file.string_attributes();
+    const auto format = strings.find("format");
+    if (format == strings.end() || format->second != kFormat) {
+      throw CheckpointError("'" + path + "' is an HDF5 file but not an ipupod checkpoint (no '" +
+                            kFormat + "' format attribute)");
+    }
+    const std::uint64_t version = file.uint64_attribute("version");
+    if (version != kVersion) {
+      throw CheckpointError("checkpoint '" + path + "' has format version " +
+                            std::to_string(version) + "; this build reads version " +
+                            std::to_string(kVersion));
+    }
+    for (const char* part : {"config_json", "rng", "tensors"}) {
+      if (!file.has_link(part)) {
+        throw CheckpointError("checkpoint '" + path + "' lacks '/" + part +
+                              "'; it is damaged or was not written by ipupod");
+      }
+    }
+    Checkpoint checkpoint;
+    checkpoint.step = file.uint64_attribute("step");
+    checkpoint.config_json = read_text(file, "config_json");
+    const h5::Group rng = file.open_group("rng");
+    for (const std::string& name : rng.link_names()) {
+      checkpoint.rng_states[name] = read_text(rng, name);
+    }
+    const h5::Group tensors = file.open_group("tensors");
+    for (const std::string& name : tensors.link_names()) {
+      checkpoint.tensors[name] = read_array(tensors, name);
+    }
+    return checkpoint;
+  } catch (const Hdf5Error& error) {
+    throw CheckpointError("cannot read checkpoint '" + path + "': " + error.what());
+  }
+}
+
+void check_compatible(const Checkpoint& checkpoint,
+                      const std::map<std::string, std::vector<std::size_t>>& expected_shapes) {
+  std::string missing, unexpected, shapes;
+  const auto append = [](std::string& list, const std::string& item) {
+    list += (list.empty() ? "" : ", ") + item;
+  };
+  for (const auto& [name, shape] : expected_shapes) {
+    const auto found = checkpoint.tensors.find(name);
+    if (found == checkpoint.tensors.end()) {
+      append(missing, "'" + name + "' " + shape_string(shape));
+    } else if (found->second.shape != shape) {
+      append(shapes, "'" + name + "' is " + shape_string(found->second.shape) +
+                         " in the checkpoint but " + shape_string(shape) + " in the model");
+    }
+  }
+  for (const auto& [name, array] : checkpoint.tensors) {
+    if (expected_shapes.count(name) == 0) append(unexpected, "'" + name + "' " + array.describe());
+  }
+  if (missing.empty() && unexpected.empty() && shapes.empty()) return;
+  std::string message =
+      "the checkpoint (step " + std::to_string(checkpoint.step) + ") does not fit the model:";
+  if (!missing.empty()) message += " missing tensors: " + missing + ";";
+  if (!unexpected.empty()) message += " tensors the model does not have: " + unexpected + ";";
+  if (!shapes.empty()) message += " different shapes: " + shapes + ";";
+  message += " was it saved from another model or configuration?";
+  throw CheckpointError(message);
+}
+
+}  // namespace ipupod::host

@@ -1,0 +1,53 @@
+// Training checkpoints in HDF5: weights, optimizer state, step, RNG states and the run's config,
+// written atomically (temporary file, fsync, rename) and validated by name and shape on load.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "host/host_array.hpp"
+
+namespace ipupod::host {
+
+// Layout (format "ipupod-checkpoint", version 1):
+//   /                  attributes: format (string), version, step (uint64)
+//   /config_json       uint8[n]  the run's configuration as JSON text
+//   /tensors/<name>    one dataset per tensor, its dtype and shape (weights, optimizer state)
+//   /rng/<name>        uint8[n]  one serialised RNG state per name
+// Names are HDF5 link names: not empty, not ".", no '/'.
+struct Checkpoint {
+  std::uint64_t step = 0;
+  std::string config_json;
+  std::map<std::string, HostArray> tensors;
+  std::map<std::string, std::string> rng_states;
+};
+
+// The checkpoint file is missing, unreadable or corrupt, or does not fit the model.
+class CheckpointError : public std::runtime_error {
+  using runtime_error::runtime_error;
+};
+
+// Called after each tensor is written with (tensors written, total); for progress reports. An
+// exception it throws abandons the save like any other failure.
+using CheckpointProgress = std::function<void(std::size_t written, std::size_t total)>;
+
+// Writes PATH.tmp, flushes it to disk (fsync), renames it over `path` and syncs the directory:
+// a crash at any point leaves either the previous checkpoint or the new one, never a torn file.
+// On failure the temporary file is removed and CheckpointError says what went wrong.
+void save_checkpoint(const std::string& path, const Checkpoint& checkpoint,
+                     const CheckpointProgress& progress = {});
+
+// Reads a whole checkpoint; CheckpointError if it is missing, not a checkpoint, or damaged.
+Checkpoint load_checkpoint(const std::string& path);
+
+// Throws CheckpointError listing every difference: tensors the model expects that the checkpoint
+// lacks, tensors the checkpoint has that the model does not, and shapes that differ.
+void check_compatible(const Checkpoint& checkpoint,
+                      const std::map<std::string, std::vector<std::size_t>>& expected_shapes);
+
+}  // namespace ipupod::host
