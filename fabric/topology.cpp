@@ -1,8 +1,11 @@
-// Topology presets (numbers with their sources) and the link cost model of the collectives.
+// Topology presets (numbers with their sources), user topology files, and the link cost
+// model of the ring all-reduce and the cross-IPU sync.
 #include "fabric/topology.hpp"
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
@@ -30,20 +33,75 @@ LinkClass gw_link() {
           "per ring edge and 10 us latency assumed, to be calibrated"};
 }
 
-// IPU-M2000 = 4 IPUs; POD16 = 4 M2000; POD64 = 16 M2000; POD128 = 2 x POD64 over GW-Links
-// (all REFERENCES.md).
+// REFERENCES.md says the Bow-2000 is "similar" to the M2000 and quotes its IPU-Link as
+// 512 Gbps with an unclear unit; until that is settled the MK2 link numbers are kept.
+LinkClass bow(LinkClass link) {
+  link.source =
+      "Bow-2000 'similar' to IPU-M2000 (REFERENCES.md; its 512 Gbps IPU-Link figure "
+      "has an unclear unit and is not used): same as MK2 assumed, to be calibrated. "
+      "MK2: " +
+      link.source;
+  return link;
+}
+
+// Early Poplar IPUModel: globalSyncCycles = 500 (REFERENCES.md, "a starting point"), at the
+// IPU clock (MK2 1.33 GHz, Bow 1.85 GHz, REFERENCES.md). Wider syncs are assumed.
+constexpr double kGlobalSyncCycles = 500.0;
+SyncCosts sync_costs(double clock_hz, const char* chip) {
+  return {
+      kGlobalSyncCycles / clock_hz, 1e-6, 10e-6,
+      std::string("within a machine: globalSyncCycles 500 of an early IPUModel preset at the ") +
+          chip +
+          " clock (REFERENCES.md); across machines 1 us and across pods (GW-Links) 10 us "
+          "assumed, to be calibrated"};
+}
+constexpr double kMk2ClockHz = 1.33e9;
+constexpr double kBowClockHz = 1.85e9;
+
+// IPU-M2000 = 4 IPUs; POD16 = 4 M2000; POD64 = 16 M2000 on a 2-D torus of IPU-Links; POD128 =
+// 2 x POD64 over GW-Links (all REFERENCES.md); POD256 = 4 x POD64 the same way. Bow-2000 and
+// Bow Pods have the same shapes.
 struct PresetShape {
   const char* name;
+  bool is_bow;
   int pods;
   int machines_per_pod;
   int ipus_per_machine;
+  const char* layout;
 };
+constexpr const char* kMachine = "4 IPUs joined by IPU-Links inside one machine";
+constexpr const char* kPod16 = "4 machines joined by IPU-Links, one host server";
+constexpr const char* kPod64 =
+    "16 machines, 2-D torus of IPU-Links (the model gives each ring edge one full link)";
+constexpr const char* kPod128 = "2 x POD64 joined by GW-Links";
+constexpr const char* kPod256 = "4 x POD64 joined by GW-Links";
 constexpr PresetShape kPresets[] = {
-    {"m2000", 1, 1, 4},
-    {"pod16", 1, 4, 4},
-    {"pod64", 1, 16, 4},
-    {"pod128", 2, 16, 4},
+    {"m2000", false, 1, 1, 4, kMachine},     {"pod16", false, 1, 4, 4, kPod16},
+    {"pod64", false, 1, 16, 4, kPod64},      {"pod128", false, 2, 16, 4, kPod128},
+    {"pod256", false, 4, 16, 4, kPod256},    {"bow-2000", true, 1, 1, 4, kMachine},
+    {"bow-pod16", true, 1, 4, 4, kPod16},    {"bow-pod64", true, 1, 16, 4, kPod64},
+    {"bow-pod128", true, 2, 16, 4, kPod128}, {"bow-pod256", true, 4, 16, 4, kPod256},
 };
+
+TopologySpec preset_spec(const PresetShape& preset) {
+  TopologySpec spec;
+  spec.name = preset.name;
+  spec.pods = preset.pods;
+  spec.machines_per_pod = preset.machines_per_pod;
+  spec.ipus_per_machine = preset.ipus_per_machine;
+  spec.within_machine = ipu_link_within_machine();
+  spec.between_machines = ipu_link_between_machines();
+  spec.between_pods = gw_link();
+  spec.sync = sync_costs(kMk2ClockHz, "MK2 GC200");
+  if (preset.is_bow) {
+    spec.within_machine = bow(spec.within_machine);
+    spec.between_machines = bow(spec.between_machines);
+    spec.between_pods = bow(spec.between_pods);
+    spec.sync = sync_costs(kBowClockHz, "Bow");
+  }
+  spec.layout = preset.layout;
+  return spec;
+}
 
 std::string format_rate(double bytes_per_s) {
   char text[64];
@@ -57,31 +115,169 @@ std::string format_time(double seconds) {
   return text;
 }
 
+bool ends_with(std::string_view text, std::string_view suffix) {
+  return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
+}
+
+// --- topology files -------------------------------------------------------------------------
+
+using Json = nlohmann::json;
+
+[[noreturn]] void file_error(const std::string& origin, const std::string& what) {
+  throw FabricError("topology file " + origin + ": " + what);
+}
+
+void reject_unknown_keys(const Json& object, std::initializer_list<const char*> known,
+                         const std::string& origin, const std::string& where) {
+  for (const auto& [key, value] : object.items()) {
+    (void)value;
+    if (std::none_of(known.begin(), known.end(), [&](const char* k) { return key == k; })) {
+      std::string list;
+      for (const char* k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+      file_error(origin, "unknown key '" + key + "' in " + where + "; expected one of: " + list);
+    }
+  }
+}
+
+const Json& object_at(const Json& parent, const char* key, const std::string& origin,
+                      const std::string& where) {
+  const Json& value = parent.at(key);
+  if (!value.is_object()) file_error(origin, where + "." + key + " must be a JSON object");
+  return value;
+}
+
+double number_at(const Json& parent, const char* key, const std::string& origin,
+                 const std::string& where) {
+  const Json& value = parent.at(key);
+  if (!value.is_number()) {
+    file_error(origin, where + "." + key + " must be a number, got " + value.dump());
+  }
+  return value.get<double>();
+}
+
+int count_at(const Json& parent, const char* key, const std::string& origin) {
+  const Json& value = parent.at(key);
+  if (!value.is_number_integer()) {
+    file_error(origin, std::string(key) + " must be an integer, got " + value.dump());
+  }
+  return value.get<int>();
+}
+
+void read_link(const Json& links, const char* key, LinkClass& link, bool required,
+               const std::string& origin) {
+  if (!links.contains(key)) {
+    if (required)
+      file_error(origin, std::string("links.") + key + " is missing (or give a \"base\" preset)");
+    return;
+  }
+  const std::string where = std::string("links.") + key;
+  const Json& entry = object_at(links, key, origin, "links");
+  reject_unknown_keys(entry, {"name", "bandwidth_gbytes_per_s", "latency_us", "source"}, origin,
+                      where);
+  if (entry.contains("name")) link.name = entry.at("name").get<std::string>();
+  if (entry.contains("bandwidth_gbytes_per_s")) {
+    link.bandwidth_bytes_per_s = number_at(entry, "bandwidth_gbytes_per_s", origin, where) * 1e9;
+  } else if (required) {
+    file_error(origin, where + ".bandwidth_gbytes_per_s is missing");
+  }
+  if (entry.contains("latency_us")) {
+    link.latency_s = number_at(entry, "latency_us", origin, where) * 1e-6;
+  } else if (required) {
+    file_error(origin, where + ".latency_us is missing");
+  }
+  link.source = entry.contains("source") ? entry.at("source").get<std::string>()
+                                         : "user topology file " + origin;
+}
+
+TopologySpec parse_topology(const Json& root, const std::string& origin) {
+  if (!root.is_object()) file_error(origin, "the top level must be a JSON object");
+  reject_unknown_keys(root,
+                      {"name", "base", "pods", "machines_per_pod", "ipus_per_machine", "links",
+                       "sync_us", "layout"},
+                      origin, "the top level");
+  TopologySpec spec;
+  const bool has_base = root.contains("base");
+  if (has_base) spec = Topology::preset(root.at("base").get<std::string>()).spec();
+  spec.name = root.contains("name") ? root.at("name").get<std::string>() : origin;
+  for (const char* key : {"pods", "machines_per_pod", "ipus_per_machine"}) {
+    if (!root.contains(key)) file_error(origin, std::string(key) + " is missing");
+  }
+  spec.pods = count_at(root, "pods", origin);
+  spec.machines_per_pod = count_at(root, "machines_per_pod", origin);
+  spec.ipus_per_machine = count_at(root, "ipus_per_machine", origin);
+  spec.layout = root.contains("layout") ? root.at("layout").get<std::string>()
+                                        : "from topology file " + origin;
+
+  if (!root.contains("links") && !has_base)
+    file_error(origin, "links is missing (or give a \"base\" preset)");
+  if (root.contains("links")) {
+    const Json& links = object_at(root, "links", origin, "the top level");
+    reject_unknown_keys(links, {"within_machine", "between_machines", "between_pods"}, origin,
+                        "links");
+    if (!has_base) {
+      spec.within_machine.name = "IPU-Link (within machine)";
+      spec.between_machines.name = "IPU-Link (between machines)";
+      spec.between_pods.name = "GW-Link (between pods)";
+    }
+    read_link(links, "within_machine", spec.within_machine, !has_base, origin);
+    read_link(links, "between_machines", spec.between_machines, !has_base, origin);
+    read_link(links, "between_pods", spec.between_pods, !has_base, origin);
+  }
+
+  if (!root.contains("sync_us") && !has_base)
+    file_error(origin, "sync_us is missing (or give a \"base\" preset)");
+  if (root.contains("sync_us")) {
+    const Json& sync = object_at(root, "sync_us", origin, "the top level");
+    reject_unknown_keys(sync, {"within_machine", "within_pod", "between_pods", "source"}, origin,
+                        "sync_us");
+    const std::pair<const char*, double*> fields[] = {
+        {"within_machine", &spec.sync.within_machine_s},
+        {"within_pod", &spec.sync.within_pod_s},
+        {"between_pods", &spec.sync.between_pods_s}};
+    for (const auto& [key, target] : fields) {
+      if (sync.contains(key)) {
+        *target = number_at(sync, key, origin, "sync_us") * 1e-6;
+      } else if (!has_base) {
+        file_error(origin, std::string("sync_us.") + key + " is missing");
+      }
+    }
+    spec.sync.source = sync.contains("source") ? sync.at("source").get<std::string>()
+                                               : "user topology file " + origin;
+  }
+  return spec;
+}
+
 }  // namespace
 
-Topology::Topology(std::string name, int pods, int machines_per_pod, int ipus_per_machine,
-                   LinkClass within_machine, LinkClass between_machines, LinkClass between_pods)
-    : name_(std::move(name)),
-      pods_(pods),
-      machines_per_pod_(machines_per_pod),
-      ipus_per_machine_(ipus_per_machine),
-      within_machine_(std::move(within_machine)),
-      between_machines_(std::move(between_machines)),
-      between_pods_(std::move(between_pods)) {
-  if (pods < 1 || machines_per_pod < 1 || ipus_per_machine < 1) {
-    throw FabricError("Topology '" + name_ + "': pods, machines per pod and IPUs per machine " +
-                      "must all be at least 1, got " + std::to_string(pods) + ", " +
-                      std::to_string(machines_per_pod) + ", " + std::to_string(ipus_per_machine));
+Topology::Topology(TopologySpec spec) : spec_(std::move(spec)) {
+  if (spec_.pods < 1 || spec_.machines_per_pod < 1 || spec_.ipus_per_machine < 1) {
+    throw FabricError("Topology '" + spec_.name +
+                      "': pods, machines per pod and IPUs per machine must all be at least 1, "
+                      "got " +
+                      std::to_string(spec_.pods) + ", " + std::to_string(spec_.machines_per_pod) +
+                      ", " + std::to_string(spec_.ipus_per_machine));
   }
-  for (const LinkClass* link : {&within_machine_, &between_machines_, &between_pods_}) {
+  for (const LinkClass* link :
+       {&spec_.within_machine, &spec_.between_machines, &spec_.between_pods}) {
     if (!(link->bandwidth_bytes_per_s > 0.0) || !(link->latency_s >= 0.0)) {
-      throw FabricError("Topology '" + name_ + "': link class '" + link->name +
+      throw FabricError("Topology '" + spec_.name + "': link class '" + link->name +
                         "' needs bandwidth > 0 and latency >= 0, got " +
                         std::to_string(link->bandwidth_bytes_per_s) + " B/s and " +
                         std::to_string(link->latency_s) + " s");
     }
   }
+  const SyncCosts& sync = spec_.sync;
+  if (!(sync.within_machine_s >= 0.0) || !(sync.within_pod_s >= 0.0) ||
+      !(sync.between_pods_s >= 0.0)) {
+    throw FabricError("Topology '" + spec_.name + "': sync costs must be >= 0 seconds");
+  }
 }
+
+Topology::Topology(std::string name, int pods, int machines_per_pod, int ipus_per_machine,
+                   LinkClass within_machine, LinkClass between_machines, LinkClass between_pods)
+    : Topology(TopologySpec{std::move(name), pods, machines_per_pod, ipus_per_machine,
+                            std::move(within_machine), std::move(between_machines),
+                            std::move(between_pods), SyncCosts{}, ""}) {}
 
 std::vector<std::string> Topology::preset_names() {
   std::vector<std::string> names;
@@ -91,28 +287,58 @@ std::vector<std::string> Topology::preset_names() {
 
 Topology Topology::preset(std::string_view name) {
   for (const PresetShape& preset : kPresets) {
-    if (name == preset.name) {
-      return Topology(preset.name, preset.pods, preset.machines_per_pod, preset.ipus_per_machine,
-                      ipu_link_within_machine(), ipu_link_between_machines(), gw_link());
-    }
+    if (name == preset.name) return Topology(preset_spec(preset));
   }
+  if (ends_with(name, ".json")) return from_json_file(std::string(name));
   std::string known;
   for (const std::string& preset : preset_names()) known += (known.empty() ? "" : ", ") + preset;
-  throw FabricError("unknown topology preset '" + std::string(name) + "'; known presets: " + known);
+  throw FabricError("unknown topology preset '" + std::string(name) + "'; known presets: " + known +
+                    " (or the path of a JSON topology file ending in .json)");
+}
+
+Topology Topology::from_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    throw FabricError("topology file " + path +
+                      ": cannot be opened; check the path (relative paths start at the "
+                      "working directory)");
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  return from_json_text(text.str(), path);
+}
+
+Topology Topology::from_json_text(std::string_view text, const std::string& origin) {
+  Json root;
+  try {
+    root = Json::parse(text);
+  } catch (const Json::exception& error) {
+    file_error(origin, std::string("is not valid JSON: ") + error.what());
+  }
+  try {
+    return Topology(parse_topology(root, origin));
+  } catch (const Json::exception& error) {
+    file_error(origin, std::string("has a value of the wrong type: ") + error.what());
+  }
 }
 
 void Topology::check_ipu(int ipu, const char* what) const {
   if (ipu < 0 || ipu >= ipus()) {
     throw FabricError(std::string(what) + ": IPU " + std::to_string(ipu) +
-                      " is out of range for topology '" + name_ + "', expected 0.." +
+                      " is out of range for topology '" + spec_.name + "', expected 0.." +
                       std::to_string(ipus() - 1) + "; pick a larger preset or fewer IPUs");
   }
 }
 
 IpuLocation Topology::location(int ipu) const {
   check_ipu(ipu, "Topology::location");
-  const int per_pod = machines_per_pod_ * ipus_per_machine_;
-  return {ipu / per_pod, (ipu % per_pod) / ipus_per_machine_, ipu % ipus_per_machine_};
+  const int per_pod = spec_.machines_per_pod * spec_.ipus_per_machine;
+  return {ipu / per_pod, (ipu % per_pod) / spec_.ipus_per_machine, ipu % spec_.ipus_per_machine};
+}
+
+int Topology::machine_of(int ipu) const {
+  check_ipu(ipu, "Topology::machine_of");
+  return ipu / spec_.ipus_per_machine;
 }
 
 const LinkClass& Topology::link(int a, int b) const {
@@ -124,26 +350,27 @@ const LinkClass& Topology::link(int a, int b) const {
   }
   const IpuLocation la = location(a);
   const IpuLocation lb = location(b);
-  if (la.pod != lb.pod) return between_pods_;
-  if (la.machine != lb.machine) return between_machines_;
-  return within_machine_;
+  if (la.pod != lb.pod) return spec_.between_pods;
+  if (la.machine != lb.machine) return spec_.between_machines;
+  return spec_.within_machine;
 }
 
 std::vector<LinkClass> Topology::link_classes() const {
-  return {within_machine_, between_machines_, between_pods_};
+  return {spec_.within_machine, spec_.between_machines, spec_.between_pods};
 }
 
 std::string Topology::describe() const {
   std::ostringstream out;
-  out << "Topology " << name_ << ": " << pods_ << " pod(s) x " << machines_per_pod_
-      << " machine(s) x " << ipus_per_machine_ << " IPU(s) = " << ipus() << " IPUs\n";
+  out << "Topology " << spec_.name << ": " << spec_.pods << " pod(s) x " << spec_.machines_per_pod
+      << " machine(s) x " << spec_.ipus_per_machine << " IPU(s) = " << ipus() << " IPUs\n";
+  if (!spec_.layout.empty()) out << "  " << spec_.layout << "\n";
   out << "  pod  machine  IPUs\n";
-  for (int pod = 0; pod < pods_; ++pod) {
-    for (int machine = 0; machine < machines_per_pod_; ++machine) {
-      const int first = (pod * machines_per_pod_ + machine) * ipus_per_machine_;
+  for (int pod = 0; pod < spec_.pods; ++pod) {
+    for (int machine = 0; machine < spec_.machines_per_pod; ++machine) {
+      const int first = (pod * spec_.machines_per_pod + machine) * spec_.ipus_per_machine;
       char row[96];
       std::snprintf(row, sizeof row, "  %3d  %7d  %d..%d\n", pod, machine, first,
-                    first + ipus_per_machine_ - 1);
+                    first + spec_.ipus_per_machine - 1);
       out << row;
     }
   }
@@ -152,12 +379,14 @@ std::string Topology::describe() const {
     out << "  " << link.name << ": " << format_rate(link.bandwidth_bytes_per_s) << ", "
         << format_time(link.latency_s) << "  [" << link.source << "]\n";
   }
+  const SyncCosts& sync = spec_.sync;
+  out << "Cross-IPU sync: within a machine " << format_time(sync.within_machine_s)
+      << ", across machines " << format_time(sync.within_pod_s) << ", across pods "
+      << format_time(sync.between_pods_s) << "  [" << sync.source << "]\n";
   return out.str();
 }
 
-namespace {
-
-void check_ring(const Topology& topo, std::span<const int> ipus, const char* what) {
+void check_ipu_group(const Topology& topo, std::span<const int> ipus, const char* what) {
   std::set<int> seen;
   for (int ipu : ipus) {
     if (ipu < 0 || ipu >= topo.ipus()) {
@@ -167,16 +396,14 @@ void check_ring(const Topology& topo, std::span<const int> ipus, const char* wha
     }
     if (!seen.insert(ipu).second) {
       throw FabricError(std::string(what) + ": IPU " + std::to_string(ipu) +
-                        " appears twice in the ring; list each IPU once");
+                        " appears twice in the group; list each IPU once");
     }
   }
 }
 
-}  // namespace
-
 double predict_all_reduce_seconds(const Topology& topo, std::span<const int> ipus,
                                   std::size_t bytes) {
-  check_ring(topo, ipus, "predict_all_reduce_seconds");
+  check_ipu_group(topo, ipus, "predict_all_reduce_seconds");
   const std::size_t n = ipus.size();
   if (n < 2 || bytes == 0) return 0.0;
   const double chunk_bytes = static_cast<double>(bytes) / static_cast<double>(n);
@@ -190,17 +417,17 @@ double predict_all_reduce_seconds(const Topology& topo, std::span<const int> ipu
 }
 
 double predict_barrier_seconds(const Topology& topo, std::span<const int> ipus) {
-  check_ring(topo, ipus, "predict_barrier_seconds");
-  const std::size_t n = ipus.size();
-  double total = 0.0;
-  for (std::size_t distance = 1; distance < n; distance <<= 1) {
-    double slowest = 0.0;
-    for (std::size_t i = 0; i < n; ++i) {
-      slowest = std::max(slowest, topo.link(ipus[i], ipus[(i + distance) % n]).latency_s);
-    }
-    total += slowest;
+  check_ipu_group(topo, ipus, "predict_barrier_seconds");
+  if (ipus.size() < 2) return 0.0;
+  std::set<int> pods;
+  std::set<int> machines;
+  for (int ipu : ipus) {
+    pods.insert(topo.location(ipu).pod);
+    machines.insert(topo.machine_of(ipu));
   }
-  return total;
+  if (pods.size() > 1) return topo.sync().between_pods_s;
+  if (machines.size() > 1) return topo.sync().within_pod_s;
+  return topo.sync().within_machine_s;
 }
 
 }  // namespace ipupod::fabric

@@ -1,5 +1,6 @@
 // The narrow contract every collective is written against (ASTRA-sim style): point-to-point
-// non-blocking send and receive of bytes between ranks, and waiting for them to complete.
+// non-blocking send and receive of bytes between ranks, waiting for them, and the clock of
+// the cost model (predicted seconds on real IPU links, advanced by the collectives).
 #pragma once
 
 #include <cstddef>
@@ -72,6 +73,11 @@ class Transport {
   // Largest tag a caller may use; collectives reserve the tags in collectives.hpp.
   static constexpr int max_tag() { return 32767; }
 
+  // The cost model's clock: predicted seconds the traffic through this transport would take
+  // on the real topology. Collectives given a topology advance it by their prediction.
+  double model_seconds() const { return model_seconds_; }
+  void advance_model_clock(double seconds) { model_seconds_ += seconds; }
+
  protected:
   // Throws FabricError unless 0 <= peer < size() and 0 <= tag <= max_tag().
   void check_peer_and_tag(const char* operation, int peer, int tag) const;
@@ -79,6 +85,9 @@ class Transport {
   RequestState& own_state(Request& request) const;
   // "rank 2 of 4"
   std::string where() const;
+
+ private:
+  double model_seconds_ = 0.0;
 };
 
 }  // namespace ipupod::fabric

@@ -1,29 +1,40 @@
-// The shared collective cases over MPI, one process per rank (run at 1, 2, 3 and 4 ranks),
-// plus collectives inside sub-communicators made with MPI_Comm_split.
+// The shared collective cases over MPI, one process per rank (run at 1, 2, 3, 4 and 8 ranks),
+// plus collectives inside sub-communicators (MPI_Comm_split and SubsetTransport) and the
+// hierarchical plan where the world size fits a placement.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include "collective_cases.hpp"
 #include "fabric/mpi_transport.hpp"
+#include "fabric/subset_transport.hpp"
 
 namespace ipupod::fabric::testing {
 namespace {
 
-constexpr std::size_t kLengths[] = {0, 1, 3, 1000, std::size_t{1} << 20};
+constexpr std::size_t kLengths[] = {0, 1, 3, 1000, 65543};
 
-TEST(MpiCollectives, AllReduceMatchesRingOrderReferenceOnEveryRank) {
+TEST(MpiCollectives, EveryCollectiveMatchesTheDocumentedOrderBitwise) {
   MpiTransport t(MPI_COMM_WORLD);
-  for (std::size_t length : kLengths) {
-    for (ReduceOp op : {ReduceOp::sum, ReduceOp::mean, ReduceOp::max}) {
-      check_all_reduce(t, length, op);
-    }
-  }
+  check_every_collective(t, kLengths);
 }
 
-TEST(MpiCollectives, BroadcastFromNonZeroRoot) {
+TEST(MpiCollectives, ManyMegabyteAllReduceWithDefaultSegments) {
   MpiTransport t(MPI_COMM_WORLD);
-  check_broadcast(t, t.size() - 1);
-  check_broadcast(t, 1);
+  CaseOptions ring;
+  ring.collective.algorithm = Algorithm::ring;
+  check_all_reduce(t, std::size_t{3} << 20, ReduceOp::sum, ring);
+  CaseOptions bidirectional;
+  bidirectional.type = DataType::float16;
+  bidirectional.collective.algorithm = Algorithm::bidirectional_ring;
+  check_all_reduce(t, (std::size_t{2} << 20) + 5, ReduceOp::mean, bidirectional);
+}
+
+TEST(MpiCollectives, BroadcastFromNonZeroRootByTreeAndRing) {
+  MpiTransport t(MPI_COMM_WORLD);
+  for (Algorithm algorithm : {Algorithm::tree, Algorithm::ring}) {
+    check_broadcast(t, t.size() - 1, algorithm);
+    check_broadcast(t, 1, algorithm);
+  }
 }
 
 TEST(MpiCollectives, Barrier) {
@@ -31,7 +42,33 @@ TEST(MpiCollectives, Barrier) {
   check_barrier(t);
 }
 
-TEST(MpiCollectives, AllReduceWithinEachHalfOfASplitWorld) {
+TEST(MpiCollectives, HierarchicalOnTwoMachinesOfAPod16) {
+  MpiTransport t(MPI_COMM_WORLD);
+  const Topology pod16 = Topology::preset("pod16");
+  CaseOptions options;
+  options.collective.algorithm = Algorithm::hierarchical;
+  options.collective.topology = &pod16;
+  options.collective.segment_bytes = 512;
+  if (t.size() == 8) {
+    options.collective.ipus = {0, 1, 2, 3, 4, 5, 6, 7};
+    options.stages = {Rings{{0, 1, 2, 3}, {4, 5, 6, 7}}, Rings{{0, 4}, {1, 5}, {2, 6}, {3, 7}}};
+  } else if (t.size() == 4) {
+    options.collective.ipus = {5, 0, 4, 1};
+    options.stages = {Rings{{1, 3}, {2, 0}}, Rings{{1, 2}, {3, 0}}};
+  } else {
+    GTEST_SKIP() << "placements are written for 4 and 8 ranks";
+  }
+  for (DataType type : {DataType::float32, DataType::float16}) {
+    options.type = type;
+    for (std::size_t length : kLengths) {
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::mean, ReduceOp::max}) {
+        check_all_reduce(t, length, op, options);
+      }
+    }
+  }
+}
+
+TEST(MpiCollectives, EveryCollectiveWithinEachHalfOfASplitWorld) {
   int world_rank = 0;
   int world_size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -43,8 +80,8 @@ TEST(MpiCollectives, AllReduceWithinEachHalfOfASplitWorld) {
   {
     MpiTransport t(half);
     EXPECT_EQ(t.size(), colour == 0 ? (world_size + 1) / 2 : world_size / 2);
-    check_all_reduce(t, 1001, ReduceOp::sum);
-    check_all_reduce(t, 2, ReduceOp::mean);
+    const std::size_t lengths[] = {2, 1001};
+    check_every_collective(t, lengths);
 
     // The sum of world ranks within the group shows the groups did not mix.
     std::vector<float> ranks{static_cast<float>(world_rank)};
@@ -54,6 +91,20 @@ TEST(MpiCollectives, AllReduceWithinEachHalfOfASplitWorld) {
     EXPECT_EQ(ranks[0], expected);
   }
   MPI_Comm_free(&half);
+}
+
+TEST(MpiCollectives, EveryCollectiveOverASubsetInScrambledOrder) {
+  MpiTransport world(MPI_COMM_WORLD);
+  // All ranks but rank 0 (when there are more than 1), in reverse order; rank 0 sits out.
+  std::vector<int> members;
+  for (int r = world.size() - 1; r >= (world.size() > 1 ? 1 : 0); --r) members.push_back(r);
+  if (std::find(members.begin(), members.end(), world.rank()) != members.end()) {
+    SubsetTransport group(world, members);
+    const std::size_t lengths[] = {5, 1000};
+    check_every_collective(group, lengths);
+    check_broadcast(group, 1, Algorithm::ring);
+  }
+  barrier(world);
 }
 
 TEST(MpiTransport, RejectsNullCommunicator) {

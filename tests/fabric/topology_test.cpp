@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace ipupod::fabric {
@@ -104,6 +106,107 @@ TEST(CostModel, RejectsRepeatedOrUnknownIpus) {
   const Topology pod16 = Topology::preset("pod16");
   EXPECT_THROW(predict_all_reduce_seconds(pod16, std::vector<int>{0, 1, 0}, 8), FabricError);
   EXPECT_THROW(predict_barrier_seconds(pod16, std::vector<int>{0, 99}), FabricError);
+}
+
+}  // namespace
+}  // namespace ipupod::fabric
+
+namespace ipupod::fabric {
+namespace {
+
+TEST(Topology, Pod256AndBowPresets) {
+  const Topology pod256 = Topology::preset("pod256");
+  EXPECT_EQ(pod256.ipus(), 256);
+  EXPECT_EQ(pod256.pods(), 4);
+  EXPECT_NE(pod256.link(0, 192).name.find("GW-Link"), std::string::npos);
+  for (const char* name : {"bow-2000", "bow-pod16", "bow-pod64", "bow-pod128", "bow-pod256"}) {
+    const Topology bow = Topology::preset(name);
+    const std::string mk2_name =
+        std::string(name) == "bow-2000" ? "m2000" : std::string(name).substr(4);
+    const Topology mk2 = Topology::preset(mk2_name);
+    EXPECT_EQ(bow.ipus(), mk2.ipus()) << name;
+    EXPECT_NE(bow.link_classes().front().source.find("Bow"), std::string::npos) << name;
+    // 500 sync cycles at the faster Bow clock.
+    EXPECT_LT(bow.sync().within_machine_s, mk2.sync().within_machine_s) << name;
+  }
+  const std::vector<std::string> names = Topology::preset_names();
+  EXPECT_EQ(names.size(), 10U);
+}
+
+TEST(Topology, SyncCostGrowsWithTheScopeOfTheGroup) {
+  const Topology pod128 = Topology::preset("pod128");
+  const double one_machine = predict_barrier_seconds(pod128, std::vector<int>{0, 1, 2, 3});
+  const double machines = predict_barrier_seconds(pod128, std::vector<int>{0, 4});
+  const double pods = predict_barrier_seconds(pod128, std::vector<int>{0, 64});
+  EXPECT_GT(one_machine, 0.0);
+  EXPECT_LT(one_machine, machines);
+  EXPECT_LT(machines, pods);
+  EXPECT_EQ(predict_barrier_seconds(pod128, std::vector<int>{7}), 0.0);
+  // 500 cycles at 1.33 GHz (REFERENCES.md).
+  EXPECT_NEAR(one_machine, 500.0 / 1.33e9, 1e-12);
+  EXPECT_NE(pod128.describe().find("Cross-IPU sync"), std::string::npos);
+}
+
+TEST(TopologyFile, TheExampleFileLoadsByPathLikeAPreset) {
+  const char* source_dir = std::getenv("IPUPOD_SOURCE_DIR");
+  ASSERT_NE(source_dir, nullptr) << "ctest sets IPUPOD_SOURCE_DIR";
+  const Topology topo =
+      Topology::preset(std::string(source_dir) + "/fabric/topologies/two_m2000.json");
+  EXPECT_EQ(topo.name(), "two-m2000");
+  EXPECT_EQ(topo.ipus(), 8);
+  EXPECT_EQ(topo.machines_per_pod(), 2);
+  EXPECT_DOUBLE_EQ(topo.link(3, 4).bandwidth_bytes_per_s, 32e9);
+  EXPECT_DOUBLE_EQ(topo.link(3, 4).latency_s, 2e-6);
+  EXPECT_DOUBLE_EQ(topo.sync().within_pod_s, 1e-6);
+  EXPECT_NE(topo.describe().find("example of a user topology"), std::string::npos);
+}
+
+TEST(TopologyFile, BaseGivesDefaultsAndFieldsOverrideThem) {
+  const Topology topo = Topology::from_json_text(
+      R"({"base": "bow-pod16", "pods": 1, "machines_per_pod": 3, "ipus_per_machine": 2,
+          "links": {"between_machines": {"bandwidth_gbytes_per_s": 8, "latency_us": 5}}})",
+      "inline");
+  EXPECT_EQ(topo.name(), "inline");
+  EXPECT_EQ(topo.ipus(), 6);
+  EXPECT_DOUBLE_EQ(topo.link(0, 2).bandwidth_bytes_per_s, 8e9);
+  EXPECT_DOUBLE_EQ(topo.link(0, 2).latency_s, 5e-6);
+  EXPECT_EQ(topo.link(0, 2).source, "user topology file inline");
+  EXPECT_EQ(topo.link(0, 1).bandwidth_bytes_per_s,
+            Topology::preset("bow-pod16").link(0, 1).bandwidth_bytes_per_s);
+  EXPECT_EQ(topo.sync().within_machine_s, Topology::preset("bow-pod16").sync().within_machine_s);
+}
+
+void expect_file_error(const std::string& text, const std::string& needle) {
+  try {
+    Topology::from_json_text(text, "bad.json");
+    ADD_FAILURE() << "expected FabricError for " << text;
+  } catch (const FabricError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("bad.json"), std::string::npos) << message;
+    EXPECT_NE(message.find(needle), std::string::npos) << message;
+  }
+}
+
+TEST(TopologyFile, ErrorsNameTheFileAndTheKey) {
+  expect_file_error("{not json", "not valid JSON");
+  expect_file_error("[1, 2]", "JSON object");
+  expect_file_error(R"({"base": "m2000", "pods": 1, "machines_per_pod": 1, "ipus_per_machine": 4,
+                        "ipus_per_machin": 4})",
+                    "unknown key 'ipus_per_machin'");
+  expect_file_error(R"({"base": "m2000", "machines_per_pod": 1, "ipus_per_machine": 4})", "pods");
+  expect_file_error(R"({"base": "m2000", "pods": "one", "machines_per_pod": 1,
+                        "ipus_per_machine": 4})",
+                    "pods must be an integer");
+  expect_file_error(R"({"pods": 1, "machines_per_pod": 1, "ipus_per_machine": 4})",
+                    "links is missing");
+  expect_file_error(R"({"base": "m2000", "pods": 1, "machines_per_pod": 1, "ipus_per_machine": 4,
+                        "links": {"within_machine": {"bandwidth_gbytes_per_s": -1}}})",
+                    "bandwidth > 0");
+  expect_file_error(R"({"base": "m2000", "pods": 1, "machines_per_pod": 1, "ipus_per_machine": 4,
+                        "links": {"within_machine": {"latency_us": "slow"}}})",
+                    "must be a number");
+  EXPECT_THROW(Topology::preset("no/such/topology.json"), FabricError);
+  EXPECT_THROW(Topology::from_json_file("no/such/topology.json"), FabricError);
 }
 
 }  // namespace

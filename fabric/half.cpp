@@ -1,0 +1,96 @@
+// float16 <-> float32 by bit manipulation, so the result does not depend on the compiler's
+// or the CPU's half-precision support.
+#include "fabric/half.hpp"
+
+#include <bit>
+#include <cmath>
+#include <string>
+
+#include "fabric/error.hpp"
+
+namespace ipupod::fabric {
+namespace {
+
+constexpr std::uint32_t kFloatSignBit = 0x80000000U;
+constexpr std::uint32_t kFloatInfinity = 0x7F800000U;
+constexpr std::uint32_t kFloatMantissa = 0x007FFFFFU;
+constexpr std::uint32_t kFloatImplicitOne = 0x00800000U;
+constexpr int kFloatMantissaBits = 23;
+constexpr int kHalfMantissaBits = 10;
+constexpr int kMantissaShift = kFloatMantissaBits - kHalfMantissaBits;  // 13
+constexpr std::uint32_t kHalfInfinity = 0x7C00U;
+constexpr std::uint32_t kHalfQuietBit = 0x0200U;
+constexpr std::uint32_t kHalfMantissa = 0x03FFU;
+// Bias difference (127 - 15) placed in the float exponent field.
+constexpr std::uint32_t kRebias = 112U << kFloatMantissaBits;
+// 65520 = the midpoint between the largest float16 (65504) and 2^16: from here up, infinity.
+constexpr std::uint32_t kHalfOverflow = 0x477FF000U;
+// 2^-14, the smallest normal float16.
+constexpr std::uint32_t kHalfSmallestNormal = 0x38800000U;
+// 2^-25, half the smallest subnormal: at or below it (tie to even = 0) the result is zero.
+constexpr std::uint32_t kHalfUnderflow = 0x33000000U;
+
+// Shifts `value` right by `shift` bits, rounding to nearest with ties to even.
+std::uint32_t shift_right_rounding_to_even(std::uint32_t value, int shift) {
+  const std::uint32_t kept = value >> shift;
+  const std::uint32_t dropped = value & ((1U << shift) - 1U);
+  const std::uint32_t halfway = 1U << (shift - 1);
+  if (dropped > halfway || (dropped == halfway && (kept & 1U) != 0)) return kept + 1U;
+  return kept;
+}
+
+}  // namespace
+
+float to_float(Half value) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(value.bits & 0x8000U) << 16;
+  const std::uint32_t exponent = (value.bits >> kHalfMantissaBits) & 0x1FU;
+  const std::uint32_t mantissa = value.bits & kHalfMantissa;
+  if (exponent == 0) {
+    // Zero or subnormal: mantissa x 2^-24, exact in float32.
+    const float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign != 0 ? -magnitude : magnitude;
+  }
+  if (exponent == 0x1F)
+    return std::bit_cast<float>(sign | kFloatInfinity | (mantissa << kMantissaShift));
+  return std::bit_cast<float>(sign | ((exponent << kFloatMantissaBits) + kRebias) |
+                              (mantissa << kMantissaShift));
+}
+
+Half to_half(float value) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
+  const auto sign = static_cast<std::uint16_t>((bits & kFloatSignBit) >> 16);
+  const std::uint32_t magnitude = bits & ~kFloatSignBit;
+  std::uint32_t result = 0;
+  if (magnitude > kFloatInfinity) {
+    result = kHalfInfinity | kHalfQuietBit | ((magnitude & kFloatMantissa) >> kMantissaShift);
+  } else if (magnitude >= kHalfOverflow) {
+    result = kHalfInfinity;
+  } else if (magnitude >= kHalfSmallestNormal) {
+    // A carry out of the mantissa correctly bumps the exponent (up to infinity).
+    result = shift_right_rounding_to_even(magnitude - kRebias, kMantissaShift);
+  } else if (magnitude > kHalfUnderflow) {
+    // Subnormal: value / 2^-24 = full mantissa x 2^(exponent - 126), rounded to an integer.
+    const int exponent = static_cast<int>(magnitude >> kFloatMantissaBits);
+    const std::uint32_t full = (magnitude & kFloatMantissa) | kFloatImplicitOne;
+    result = shift_right_rounding_to_even(full, 126 - exponent);
+  }
+  return Half{static_cast<std::uint16_t>(sign | result)};
+}
+
+void widen(std::span<const Half> from, std::span<float> to) {
+  if (from.size() != to.size()) {
+    throw FabricError("widen: " + std::to_string(from.size()) + " float16 values into " +
+                      std::to_string(to.size()) + " float32 slots; sizes must agree");
+  }
+  for (std::size_t i = 0; i < from.size(); ++i) to[i] = to_float(from[i]);
+}
+
+void narrow(std::span<const float> from, std::span<Half> to) {
+  if (from.size() != to.size()) {
+    throw FabricError("narrow: " + std::to_string(from.size()) + " float32 values into " +
+                      std::to_string(to.size()) + " float16 slots; sizes must agree");
+  }
+  for (std::size_t i = 0; i < from.size(); ++i) to[i] = to_half(from[i]);
+}
+
+}  // namespace ipupod::fabric

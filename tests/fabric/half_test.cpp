@@ -1,0 +1,86 @@
+// float16 conversions: exhaustive round trips and round-to-nearest-even at every midpoint.
+#include "fabric/half.hpp"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "fabric/error.hpp"
+
+namespace ipupod::fabric {
+namespace {
+
+bool is_nan_bits(std::uint16_t bits) {
+  return (bits & 0x7C00U) == 0x7C00U && (bits & 0x03FFU) != 0;
+}
+
+TEST(Half, EveryFloat16SurvivesARoundTripThroughFloat32) {
+  for (std::uint32_t bits = 0; bits <= 0xFFFFU; ++bits) {
+    const Half h{static_cast<std::uint16_t>(bits)};
+    const Half back = to_half(to_float(h));
+    if (is_nan_bits(h.bits)) {
+      EXPECT_TRUE(std::isnan(to_float(h))) << bits;
+      EXPECT_TRUE(is_nan_bits(back.bits)) << bits;
+      EXPECT_EQ(back.bits & 0x8000U, h.bits & 0x8000U) << "NaN keeps its sign";
+    } else {
+      EXPECT_EQ(back.bits, h.bits) << "float16 bits " << bits;
+    }
+  }
+}
+
+TEST(Half, KnownValues) {
+  EXPECT_EQ(to_half(1.0F).bits, 0x3C00U);
+  EXPECT_EQ(to_half(-2.0F).bits, 0xC000U);
+  EXPECT_EQ(to_half(65504.0F).bits, 0x7BFFU);
+  EXPECT_EQ(to_half(std::ldexp(1.0F, -24)).bits, 0x0001U);  // smallest subnormal
+  EXPECT_EQ(to_half(std::ldexp(1.0F, -14)).bits, 0x0400U);  // smallest normal
+  EXPECT_EQ(to_half(-0.0F).bits, 0x8000U);
+  EXPECT_EQ(to_half(std::numeric_limits<float>::infinity()).bits, 0x7C00U);
+  EXPECT_EQ(to_half(1e9F).bits, 0x7C00U);
+  EXPECT_EQ(to_half(-1e9F).bits, 0xFC00U);
+  EXPECT_EQ(to_half(65520.0F).bits, 0x7C00U) << "the midpoint above 65504 ties to even: infinity";
+  EXPECT_EQ(to_half(65519.99F).bits, 0x7BFFU);
+  EXPECT_EQ(to_half(std::ldexp(1.0F, -25)).bits, 0x0000U)
+      << "half the smallest subnormal ties to 0";
+  EXPECT_EQ(to_half(std::ldexp(1.5F, -25)).bits, 0x0001U);
+  EXPECT_EQ(to_half(1e-10F).bits, 0x0000U);
+  EXPECT_FLOAT_EQ(to_float(Half{0x3555U}), 0.333251953125F);
+}
+
+// Between two neighbouring float16 values a and b (b = next up), the float32 midpoint rounds
+// to whichever has an even mantissa; one float32 step either side rounds to the nearer.
+TEST(Half, RoundsToNearestEvenAtEveryMidpoint) {
+  for (std::uint32_t bits = 0; bits < 0x7BFFU; ++bits) {
+    const Half a{static_cast<std::uint16_t>(bits)};
+    const Half b{static_cast<std::uint16_t>(bits + 1)};
+    const float low = to_float(a);
+    const float high = to_float(b);
+    const float middle = low + (high - low) / 2.0F;  // exact: float32 has 13 more mantissa bits
+    ASSERT_GT(middle, low);
+    ASSERT_LT(middle, high);
+    const Half even = (bits % 2 == 0) ? a : b;
+    EXPECT_EQ(to_half(middle).bits, even.bits) << "midpoint above float16 bits " << bits;
+    EXPECT_EQ(to_half(std::nextafter(middle, 0.0F)).bits, a.bits);
+    EXPECT_EQ(to_half(std::nextafter(middle, 1e9F)).bits, b.bits);
+    EXPECT_EQ(to_half(-middle).bits, even.bits | 0x8000U) << "negative values mirror";
+  }
+}
+
+TEST(Half, WidenAndNarrowCheckSizes) {
+  std::vector<Half> h(3);
+  std::vector<float> f(2);
+  EXPECT_THROW(widen(h, f), FabricError);
+  EXPECT_THROW(narrow(f, h), FabricError);
+  std::vector<float> values{1.0F, 0.5F, -3.25F};
+  narrow(values, h);
+  std::vector<float> back(3);
+  widen(h, back);
+  EXPECT_EQ(back, values);
+}
+
+}  // namespace
+}  // namespace ipupod::fabric
