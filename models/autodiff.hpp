@@ -9,6 +9,7 @@
 namespace ipupod::models {
 
 // Adds backward ops (phase backward) for d(loss)/d(every parameter); returns param -> gradient.
-std::map<ValueId, ValueId> build_backward(Graph& graph, ValueId loss);
+// loss_scale seeds the backward pass (static loss scaling): gradients come out multiplied by it.
+std::map<ValueId, ValueId> build_backward(Graph& graph, ValueId loss, double loss_scale = 1.0);
 
 }  // namespace ipupod::models

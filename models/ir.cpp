@@ -1,6 +1,8 @@
 // IR construction with shape and dtype inference.
 #include "models/ir.hpp"
 
+#include <algorithm>
+#include <cstdio>
 #include <numeric>
 
 namespace ipupod::models {
@@ -32,8 +34,133 @@ const char* op_name(OpKind kind) {
     case OpKind::softmax_cross_entropy: return "SoftmaxCrossEntropy";
     case OpKind::softmax_cross_entropy_grad: return "SoftmaxCrossEntropyGrad";
     case OpKind::sgd_step: return "SgdStep";
+    case OpKind::state: return "State";
+    case OpKind::unary: return "Unary";
+    case OpKind::unary_grad: return "UnaryGrad";
+    case OpKind::binary: return "Binary";
+    case OpKind::reduce_sum: return "ReduceSum";
+    case OpKind::broadcast_to: return "BroadcastTo";
+    case OpKind::permute: return "Permute";
+    case OpKind::slice: return "Slice";
+    case OpKind::slice_grad: return "SliceGrad";
+    case OpKind::concat: return "Concat";
+    case OpKind::batch_matmul: return "BatchMatMul";
+    case OpKind::softmax: return "Softmax";
+    case OpKind::softmax_grad: return "SoftmaxGrad";
+    case OpKind::conv2d: return "Conv2d";
+    case OpKind::conv2d_grad_input: return "Conv2dGradInput";
+    case OpKind::conv2d_grad_weight: return "Conv2dGradWeight";
+    case OpKind::conv_transpose2d: return "ConvTranspose2d";
+    case OpKind::max_pool2d: return "MaxPool2d";
+    case OpKind::max_pool2d_grad: return "MaxPool2dGrad";
+    case OpKind::avg_pool2d: return "AvgPool2d";
+    case OpKind::avg_pool2d_grad: return "AvgPool2dGrad";
+    case OpKind::normalize: return "Normalize";
+    case OpKind::normalize_grad: return "NormalizeGrad";
+    case OpKind::batch_norm_inference: return "BatchNormInference";
+    case OpKind::batch_norm_stats_update: return "BatchNormStatsUpdate";
+    case OpKind::gather_rows: return "GatherRows";
+    case OpKind::scatter_add_rows: return "ScatterAddRows";
+    case OpKind::random_mask: return "RandomMask";
+    case OpKind::stop_gradient: return "StopGradient";
+    case OpKind::vq_nearest: return "VqNearest";
+    case OpKind::vq_ema_update: return "VqEmaUpdate";
+    case OpKind::increment: return "Increment";
+    case OpKind::lr_schedule: return "LrSchedule";
+    case OpKind::global_norm: return "GlobalNorm";
+    case OpKind::clip_factor: return "ClipFactor";
+    case OpKind::sgd_momentum_step: return "SgdMomentumStep";
+    case OpKind::adam_step: return "AdamStep";
+    case OpKind::lamb_step: return "LambStep";
   }
   return "?";
+}
+
+const char* unary_fn_name(UnaryFn fn) {
+  switch (fn) {
+    case UnaryFn::gelu: return "gelu";
+    case UnaryFn::silu: return "silu";
+    case UnaryFn::sigmoid: return "sigmoid";
+    case UnaryFn::tanh: return "tanh";
+    case UnaryFn::leaky_relu: return "leaky_relu";
+    case UnaryFn::sqrt: return "sqrt";
+    case UnaryFn::rsqrt: return "rsqrt";
+    case UnaryFn::exp: return "exp";
+    case UnaryFn::log: return "log";
+    case UnaryFn::square: return "square";
+    case UnaryFn::abs: return "abs";
+    case UnaryFn::neg: return "neg";
+  }
+  return "?";
+}
+
+const char* binary_fn_name(BinaryFn fn) {
+  switch (fn) {
+    case BinaryFn::add: return "add";
+    case BinaryFn::sub: return "sub";
+    case BinaryFn::mul: return "mul";
+    case BinaryFn::div: return "div";
+  }
+  return "?";
+}
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+std::optional<Shape> broadcast_shapes(const Shape& a, const Shape& b) {
+  const std::size_t rank = std::max(a.size(), b.size());
+  Shape out(rank);
+  for (std::size_t i = 0; i < rank; ++i) {
+    const std::size_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
+    const std::size_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
+    if (da != db && da != 1 && db != 1) return std::nullopt;
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+std::string Attrs::str() const {
+  std::string s;
+  const auto sep = [&] { return s.empty() ? "" : " "; };
+  for (const auto& [k, v] : ints) s += sep() + k + "=" + std::to_string(v);
+  for (const auto& [k, v] : reals) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    s += sep() + k + "=" + buf;
+  }
+  for (const auto& [k, v] : lists) {
+    s += sep() + k + "=[";
+    for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+    s += "]";
+  }
+  return s;
+}
+
+std::int64_t Op::i(const std::string& key) const {
+  auto it = attrs.ints.find(key);
+  if (it == attrs.ints.end())
+    throw IrError(std::string(op_name(kind)) + " '" + name + "': integer attribute '" + key +
+                  "' is missing");
+  return it->second;
+}
+
+double Op::r(const std::string& key) const {
+  auto it = attrs.reals.find(key);
+  if (it == attrs.reals.end())
+    throw IrError(std::string(op_name(kind)) + " '" + name + "': real attribute '" + key +
+                  "' is missing");
+  return it->second;
+}
+
+const std::vector<std::int64_t>& Op::list(const std::string& key) const {
+  auto it = attrs.lists.find(key);
+  if (it == attrs.lists.end())
+    throw IrError(std::string(op_name(kind)) + " '" + name + "': list attribute '" + key +
+                  "' is missing");
+  return it->second;
 }
 
 const Value& Graph::value(ValueId id) const {
@@ -51,9 +178,30 @@ void Graph::expect(bool ok, OpKind kind, const std::string& name, const std::str
   if (!ok) throw IrError(std::string(op_name(kind)) + " '" + name + "': " + what);
 }
 
+const Op& Graph::producer(ValueId id) const {
+  const Value& v = value(id);
+  if (!v.producer) throw IrError("value '" + v.name + "' has no producer");
+  return ops_[*v.producer];
+}
+
+void Graph::expect_f32(ValueId v, OpKind kind, const std::string& name,
+                       const std::string& which) const {
+  expect(info(v).dtype == DType::f32, kind, name, which + " must be float32, got " + info(v).str());
+}
+
+ValueId Graph::derived(OpKind kind, const std::string& name, std::vector<ValueId> inputs,
+                       std::optional<TensorInfo> out, Attrs attrs, bool ta, bool tb,
+                       double scalar) {
+  for (ValueId v : inputs) value(v);  // throws for an unknown id
+  return add_op(kind, auto_name(kind, name), std::move(inputs), std::move(out), ta, tb, scalar,
+                std::move(attrs));
+}
+
 ValueId Graph::add_op(OpKind kind, std::string name, std::vector<ValueId> inputs,
-                      std::optional<TensorInfo> out, bool ta, bool tb, double scalar) {
-  Op op{kind, std::move(name), std::move(inputs), std::nullopt, phase_, stage_, ta, tb, scalar};
+                      std::optional<TensorInfo> out, bool ta, bool tb, double scalar,
+                      Attrs attrs) {
+  Op op{kind,  std::move(name), std::move(inputs), std::nullopt, phase_, stage_, ta, tb,
+        scalar, std::move(attrs), recompute_};
   if (out) {
     values_.push_back({op.name, *out, ops_.size()});
     op.output = static_cast<ValueId>(values_.size() - 1);
@@ -67,7 +215,22 @@ ValueId Graph::input(const std::string& name, TensorInfo info) {
 }
 
 ValueId Graph::parameter(const std::string& name, TensorInfo info, double init_bound) {
-  return add_op(OpKind::parameter, name, {}, std::move(info), false, false, init_bound);
+  return parameter(name, std::move(info), InitKind::uniform, init_bound);
+}
+
+ValueId Graph::parameter(const std::string& name, TensorInfo info, InitKind init, double value) {
+  expect(info.dtype == DType::f32, OpKind::parameter, name, "must be float32, got " + info.str());
+  expect(init != InitKind::eye || (info.shape.size() == 2 && info.shape[0] == info.shape[1]),
+         OpKind::parameter, name, "eye initialisation needs a square matrix, got " + info.str());
+  Attrs a;
+  a.ints["init"] = static_cast<std::int64_t>(init);
+  return add_op(OpKind::parameter, name, {}, std::move(info), false, false, value, std::move(a));
+}
+
+ValueId Graph::state(const std::string& name, TensorInfo info, InitKind init, double value) {
+  Attrs a;
+  a.ints["init"] = static_cast<std::int64_t>(init);
+  return add_op(OpKind::state, name, {}, std::move(info), false, false, value, std::move(a));
 }
 
 ValueId Graph::constant(const std::string& name, TensorInfo info, double value) {
@@ -164,6 +327,19 @@ std::vector<ValueId> Graph::parameters() const {
   for (const auto& op : ops_)
     if (op.kind == OpKind::parameter) out.push_back(*op.output);
   return out;
+}
+
+std::vector<ValueId> Graph::states() const {
+  std::vector<ValueId> out;
+  for (const auto& op : ops_)
+    if (op.kind == OpKind::state) out.push_back(*op.output);
+  return out;
+}
+
+int Graph::max_stage() const {
+  int s = 0;
+  for (const auto& op : ops_) s = std::max(s, op.pipeline_stage);
+  return s;
 }
 
 std::vector<ValueId> Graph::inputs() const {

@@ -1,11 +1,12 @@
-// Zoo models. For now: the MLP classifier of the first end-to-end path.
+// The zoo's registry, build_model (forward, backward, optimizer) and the model summary.
 #include "models/zoo.hpp"
 
-#include <cmath>
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 
 #include "models/autodiff.hpp"
+#include "models/zoo_models.hpp"
 
 namespace ipupod::models {
 
@@ -18,12 +19,39 @@ std::size_t Model::parameter_count() const {
 std::string Model::summary() const {
   std::ostringstream os;
   os << "model " << name << "\n";
+  os << "  input " << graph.info(input).str() << ", labels " << graph.info(labels).str()
+     << ", output " << graph.info(logits).str() << "\n";
+  // One line per parameterised layer (parameters grouped by their name prefix), by stage.
+  std::vector<std::pair<std::string, std::size_t>> layers;
+  std::vector<int> stage_of;
+  std::map<int, std::size_t> per_stage;
   for (const Op& op : graph.ops()) {
-    if (op.phase != Phase::forward || op.kind == OpKind::constant) continue;
-    os << "  stage " << op.pipeline_stage << "  " << op_name(op.kind) << " '" << op.name << "' -> "
-       << graph.info(*op.output).str() << "\n";
+    if (op.kind != OpKind::parameter) continue;
+    const std::string& full = op.name;
+    const auto dot = full.rfind('.');
+    const std::string layer = dot == std::string::npos ? full : full.substr(0, dot);
+    const std::size_t n = graph.info(*op.output).elements();
+    per_stage[op.pipeline_stage] += n;
+    if (!layers.empty() && layers.back().first == layer && stage_of.back() == op.pipeline_stage) {
+      layers.back().second += n;
+    } else {
+      layers.emplace_back(layer, n);
+      stage_of.push_back(op.pipeline_stage);
+    }
   }
-  os << "  parameters: " << parameter_count() << "\n";
+  int current = -1;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    if (stage_of[i] != current) {
+      current = stage_of[i];
+      os << "  -- pipeline stage " << current << " (" << per_stage[current] << " parameters)\n";
+    }
+    os << "    " << layers[i].first << "  " << layers[i].second << "\n";
+  }
+  std::size_t ops[3] = {0, 0, 0};
+  for (const Op& op : graph.ops()) ++ops[static_cast<int>(op.phase)];
+  os << "  parameters: " << parameter_count() << "  state values: " << graph.states().size()
+     << "  stages: " << graph.max_stage() + 1 << "\n";
+  os << "  ops: " << ops[0] << " forward, " << ops[1] << " backward, " << ops[2] << " optimizer\n";
   return os.str();
 }
 
@@ -31,53 +59,63 @@ const std::vector<ZooEntry>& zoo() {
   static const std::vector<ZooEntry> entries = {
       {"mlp", "multi-layer perceptron classifier: flatten, Linear+ReLU per hidden width, Linear; "
               "softmax cross-entropy; SGD"},
+      {"cnn", "small CNN for Fashion-MNIST: 2 x (3x3 conv, BatchNorm, ReLU, 2x2 max pool), "
+              "Linear 128 + ReLU, dropout, Linear; cross-entropy"},
+      {"resnet50", "ResNet-50 v1.5 classifier (bottlenecks 3-4-6-3); cross-entropy; "
+                   "split evenly over its 16 blocks"},
+      {"efficientnetv2_s", "EfficientNetV2-S conductivity regressor (3x256x256 -> 1 float): "
+                           "Fused/MBConv stages, SE, stochastic depth, L1 loss; AdamW in the "
+                           "paper; split [6,2], [5,1,1,1], [1]*8"},
+      {"hae", "hierarchical VQ autoencoder for 1x64x64 climate patches: GDN DownResBlocks, two "
+              "EMA vector quantisers (256 codes), inverse-GDN decoder; 3 x masked MSE + VQ "
+              "losses (labels = mask)"},
+      {"transcyclegan", "transformer CycleGAN for x4 super-resolution on 3x64x64 (input: "
+                        "bicubic-upsampled LR, labels: HR): 2 generators, 2 multi-scale "
+                        "discriminators; LSGAN + 10 x cycle L1"},
   };
   return entries;
 }
 
-namespace {
-// Linear layer y = x W + b with PyTorch's default init bound 1/sqrt(fan_in).
-ValueId linear(Graph& g, ValueId x, std::size_t out, const std::string& name) {
-  const std::size_t in = g.info(x).shape[1];
-  const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-  ValueId w = g.parameter(name + ".weight", {DType::f32, {in, out}}, bound);
-  ValueId b = g.parameter(name + ".bias", {DType::f32, {out}}, bound);
-  return g.add_bias(g.matmul(x, w, false, false, name + ".matmul"), b, name);
+namespace zoo_impl {
+
+Shape sample_shape_or(const ModelOptions& o, Shape fallback) {
+  return o.sample_shape.empty() ? fallback : o.sample_shape;
 }
 
-Model build_mlp(const ModelOptions& o) {
-  Model m;
-  m.name = "mlp";
-  Graph& g = m.graph;
-  std::vector<std::size_t> shape = {o.micro_batch};
-  std::size_t features = 1;
-  for (std::size_t d : o.sample_shape) shape.push_back(d), features *= d;
-  m.input = g.input("input", {DType::f32, shape});
-  m.labels = g.input("labels", {DType::i32, {o.micro_batch}});
-  ValueId x = g.reshape(m.input, {o.micro_batch, features}, "flatten");
-  for (std::size_t i = 0; i < o.hidden.size(); ++i)
-    x = g.relu(linear(g, x, o.hidden[i], "fc" + std::to_string(i)), "relu" + std::to_string(i));
-  m.logits = linear(g, x, o.classes, "head");
-  m.loss = g.softmax_cross_entropy(m.logits, m.labels, "loss");
-  return m;
+int even_stage(std::size_t i, std::size_t units, std::size_t stages) {
+  return static_cast<int>(i * std::max<std::size_t>(stages, 1) / std::max<std::size_t>(units, 1));
 }
-}  // namespace
+
+}  // namespace zoo_impl
 
 Model build_model(const std::string& name, const ModelOptions& options) {
   if (options.micro_batch == 0) throw std::invalid_argument("micro-batch must be at least 1");
-  Model m;
-  if (name == "mlp") {
-    m = build_mlp(options);
-  } else {
+  if (options.pipeline_stages == 0) throw std::invalid_argument("pipeline stages must be at least 1");
+  if (options.width <= 0 || options.depth <= 0)
+    throw std::invalid_argument("width and depth multipliers must be positive");
+  using Build = void (*)(Model&, Builder&, const ModelOptions&);
+  static const std::map<std::string, Build> builders = {
+      {"mlp", zoo_impl::build_mlp},
+      {"cnn", zoo_impl::build_cnn},
+      {"resnet50", zoo_impl::build_resnet50},
+      {"efficientnetv2_s", zoo_impl::build_efficientnetv2_s},
+      {"hae", zoo_impl::build_hae},
+      {"transcyclegan", zoo_impl::build_transcyclegan},
+  };
+  auto it = builders.find(name);
+  if (it == builders.end()) {
     std::string known;
     for (const auto& e : zoo()) known += (known.empty() ? "" : ", ") + e.name;
     throw std::invalid_argument("unknown model '" + name + "'; known models: " + known +
                                 " (see `ipupod info --models`)");
   }
-  m.gradients = build_backward(m.graph, m.loss);
-  m.graph.set_phase(Phase::optimizer);
-  for (auto [param, grad] : m.gradients)
-    m.graph.sgd_step(param, grad, options.learning_rate, m.graph.value(param).name + "/sgd");
+  Model m;
+  m.name = name;
+  Builder b(m.graph, options.training, options.seed);
+  it->second(m, b, options);
+  m.graph.set_stage(0);
+  m.gradients = build_backward(m.graph, m.loss, options.optimizer.loss_scale);
+  build_optimizer(m.graph, m.gradients, options.learning_rate, options.optimizer);
   return m;
 }
 

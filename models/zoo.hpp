@@ -7,15 +7,24 @@
 #include <vector>
 
 #include "models/ir.hpp"
+#include "models/optimizers.hpp"
 
 namespace ipupod::models {
 
 struct ModelOptions {
   std::size_t micro_batch = 1;
-  std::vector<std::size_t> sample_shape;  // one input sample, e.g. {1, 28, 28}
+  // One input sample, e.g. {1, 28, 28}; empty: the model's own (e.g. {3, 256, 256} for
+  // efficientnetv2_s). Models with a fixed geometry (hae) reject other shapes.
+  std::vector<std::size_t> sample_shape;
   std::size_t classes = 10;
   std::vector<std::size_t> hidden = {128};  // mlp: widths of the hidden layers
   double learning_rate = 0.05;
+  OptimizerOptions optimizer;  // default: plain SGD at learning_rate
+  bool training = true;        // false: eval-mode BatchNorm, no dropout, no EMA updates
+  double width = 1.0;          // channel / embedding width multiplier (small test configs)
+  double depth = 1.0;          // block repeat multiplier
+  std::size_t pipeline_stages = 1;  // how many stages the model's split marks divide it into
+  std::uint64_t seed = 0;           // dropout / stochastic-depth streams
 };
 
 struct Model {
@@ -23,6 +32,7 @@ struct Model {
   Graph graph;
   ValueId input = -1, labels = -1, logits = -1, loss = -1;
   std::map<ValueId, ValueId> gradients;  // parameter -> its gradient
+  std::map<std::string, ValueId> metrics;  // extra scalars worth reporting (e.g. "vq_loss")
   std::size_t parameter_count() const;
   std::string summary() const;          // layer table, parameter count, split points
 };
@@ -32,7 +42,8 @@ struct ZooEntry {
   std::string description;
 };
 const std::vector<ZooEntry>& zoo();
-// Builds forward, backward and SGD ops; throws std::invalid_argument for an unknown name.
+// Builds forward, backward and optimizer ops; throws std::invalid_argument for an unknown name
+// or a sample shape the model cannot take.
 Model build_model(const std::string& name, const ModelOptions& options);
 
 }  // namespace ipupod::models

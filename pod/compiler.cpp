@@ -88,6 +88,46 @@ class Lowering {
         break;
       case OpKind::sgd_step:
         throw std::logic_error("sgd_step is lowered by the optimizer phase");
+      case OpKind::state:
+      case OpKind::unary:
+      case OpKind::unary_grad:
+      case OpKind::binary:
+      case OpKind::reduce_sum:
+      case OpKind::broadcast_to:
+      case OpKind::permute:
+      case OpKind::slice:
+      case OpKind::slice_grad:
+      case OpKind::concat:
+      case OpKind::batch_matmul:
+      case OpKind::softmax:
+      case OpKind::softmax_grad:
+      case OpKind::conv2d:
+      case OpKind::conv2d_grad_input:
+      case OpKind::conv2d_grad_weight:
+      case OpKind::conv_transpose2d:
+      case OpKind::max_pool2d:
+      case OpKind::max_pool2d_grad:
+      case OpKind::avg_pool2d:
+      case OpKind::avg_pool2d_grad:
+      case OpKind::normalize:
+      case OpKind::normalize_grad:
+      case OpKind::batch_norm_inference:
+      case OpKind::batch_norm_stats_update:
+      case OpKind::gather_rows:
+      case OpKind::scatter_add_rows:
+      case OpKind::random_mask:
+      case OpKind::stop_gradient:
+      case OpKind::vq_nearest:
+      case OpKind::vq_ema_update:
+      case OpKind::increment:
+      case OpKind::lr_schedule:
+      case OpKind::global_norm:
+      case OpKind::clip_factor:
+      case OpKind::sgd_momentum_step:
+      case OpKind::adam_step:
+      case OpKind::lamb_step:
+        throw std::invalid_argument(std::string("op ") + models::op_name(op.kind) + " ('" + op.name +
+                                    "') is not lowered onto the IPU yet");
     }
     tensors_.emplace(*op.output, result);
   }
