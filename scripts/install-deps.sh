@@ -13,6 +13,12 @@ packages=(
   nlohmann-json3-dev                  # summary.json, memory.json, trace.json
   zlib1g-dev                          # reading the gzip-compressed IDX files of Fashion-MNIST
   dataset-fashion-mnist               # real images for the first end-to-end run
+  libnetcdf-dev                       # netCDF C library: reading the climate fields
+  netcdf-bin                          # ncdump/nccopy: checking the climate fields by hand
+  ferret-datasets                     # real climate fields: COADS, Levitus, ETOPO (netCDF)
+  libncarg-data                       # real climate fields: CMIP5 MPI-ESM-LR tas and more (netCDF)
+  libstb-dev                          # stb_image: decoding the JPEG/PNG photographs
+  plasma-workspace-wallpapers         # real photographs for the super-resolution pairs
 )
 if [[ "${IPUPOD_EXTRA_PACKAGES:-}" != "" ]]; then
   read -r -a extra <<<"$IPUPOD_EXTRA_PACKAGES"
