@@ -127,10 +127,19 @@ class Loader::Prefetcher {
     for (const auto& candidate : window_) {
       if (candidate->position == position) slot = candidate;
     }
+    if (!slot && position == next_ && window_.size() < capacity_) {
+      // The reader has not got here yet (e.g. it has only just started): queue the step for it
+      // rather than reading it twice.
+      slot = std::make_shared<Slot>();
+      slot->position = next_++;
+      window_.push_back(slot);
+      changed_.notify_all();
+    }
     std::exception_ptr error;
     bool served = false;
     if (slot) {
-      changed_.wait(lock, [&] { return slot->ready || stop_; });
+      changed_.wait(lock,
+                    [&] { return slot->ready || stop_ || (slot->dropped && !slot->claimed); });
       if (slot->ready) {
         served = true;
         error = slot->errors[replica];
@@ -139,7 +148,10 @@ class Loader::Prefetcher {
     }
     // Steps every replica has taken or passed are dropped; the reader never goes back to them.
     const std::uint64_t done = *std::min_element(cursor_.begin(), cursor_.end());
-    while (!window_.empty() && window_.front()->position < done) window_.pop_front();
+    while (!window_.empty() && window_.front()->position < done) {
+      window_.front()->dropped = true;  // a waiter on it reads synchronously unless it is claimed
+      window_.pop_front();
+    }
     if (next_ < done) next_ = done;
     lock.unlock();
     changed_.notify_all();
@@ -150,6 +162,8 @@ class Loader::Prefetcher {
  private:
   struct Slot {
     std::uint64_t position = 0;
+    bool claimed = false;  // the reader is reading it
+    bool dropped = false;  // left the window; if unclaimed, nobody will read it
     bool ready = false;
     std::vector<Batch> batches;
     std::vector<std::exception_ptr> errors;
@@ -160,13 +174,24 @@ class Loader::Prefetcher {
     std::iota(replicas.begin(), replicas.end(), std::size_t{0});
     const std::size_t steps = loader_.steps_per_epoch();
     std::unique_lock<std::mutex> lock(mutex_);
+    const auto unclaimed = [&] {
+      return std::find_if(window_.begin(), window_.end(),
+                          [](const std::shared_ptr<Slot>& slot) { return !slot->claimed; });
+    };
     for (;;) {
-      changed_.wait(lock,
-                    [&] { return stop_ || window_.size() < loader_.config().prefetch_steps; });
+      changed_.wait(lock, [&] {
+        return stop_ || window_.size() < capacity_ || unclaimed() != window_.end();
+      });
       if (stop_) return;
-      auto slot = std::make_shared<Slot>();
-      slot->position = next_++;
-      window_.push_back(slot);
+      std::shared_ptr<Slot> slot;
+      if (const auto queued = unclaimed(); queued != window_.end()) {
+        slot = *queued;
+      } else {
+        slot = std::make_shared<Slot>();
+        slot->position = next_++;
+        window_.push_back(slot);
+      }
+      slot->claimed = true;
       lock.unlock();
       std::vector<Batch> batches;
       std::vector<std::exception_ptr> errors(replicas.size());
@@ -186,6 +211,7 @@ class Loader::Prefetcher {
   }
 
   const Loader& loader_;
+  const std::size_t capacity_ = loader_.config().prefetch_steps;
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<std::shared_ptr<Slot>> window_;  // ascending positions

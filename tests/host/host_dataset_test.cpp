@@ -273,6 +273,67 @@ TEST(DatasetErrors, UnsupportedDtype) {
   EXPECT_NE(message.find("supported"), std::string::npos) << message;
 }
 
+TEST(DatasetErrors, RankBeyondWhatTheStreamsCarry) {
+  TempDir dir;
+  const std::string path = dir.file("deep.h5");
+  RawSplit deep;
+  deep.inputs = {4, 1, 1, 1, 1, 1, 1, 1, 2};  // rank 9
+  write_raw(path, deep, {});
+  const std::string message = error_of(path);
+  EXPECT_NE(message.find("'/train/inputs'"), std::string::npos) << message;
+  EXPECT_NE(message.find("rank 9"), std::string::npos) << message;
+}
+
+TEST(DatasetErrors, SplitsWithDifferentSampleShapes) {
+  TempDir dir;
+  const std::string path = dir.file("shapes.h5");
+  RawSplit wide;
+  wide.inputs = {4, 3};
+  write_raw(path, {}, wide);
+  const std::string message = error_of(path);
+  EXPECT_NE(message.find("'/test/inputs'"), std::string::npos) << message;
+  EXPECT_NE(message.find("float32[3] but '/train/inputs' holds float32[2]"), std::string::npos)
+      << message;
+}
+
+TEST(Dataset, DirectReadsMatchReadsThroughHdf5) {
+  TempDir dir;
+  const std::string plain = dir.file("plain.h5");
+  const std::string packed = dir.file("packed.h5");
+  for (const auto& [path, level] : {std::pair{plain, 0}, std::pair{packed, 4}}) {
+    DatasetWriter writer(path, {.chunk_samples = 7, .deflate_level = level});
+    writer.write_split("train", iota_f32({100, 2, 3}), iota_i32(100));
+    writer.write_split("test", iota_f32({5, 2, 3}), iota_i32(5));
+    writer.finish();
+  }
+  // A contiguous (unchunked) dataset qualifies too.
+  const std::string contiguous = dir.file("contiguous.h5");
+  {
+    h5::File file = h5::File::create(contiguous);
+    for (const auto& [name, count] : {std::pair{"train", std::size_t{100}}, {"test", 5}}) {
+      h5::Group group = file.create_group(name);
+      const std::vector<std::size_t> dims{count, 2, 3};
+      group.create_dataset("inputs", DType::f32, dims, {}).write(iota_f32(dims));
+      const std::vector<std::size_t> target_dims{count};
+      group.create_dataset("targets", DType::i32, target_dims, {}).write(iota_i32(count));
+    }
+  }
+  DatasetFile direct(plain), compressed(packed), whole(contiguous);
+  EXPECT_TRUE(direct.reads_directly("train", Field::inputs));
+  EXPECT_TRUE(whole.reads_directly("train", Field::inputs));
+  EXPECT_FALSE(compressed.reads_directly("train", Field::inputs));
+  // Repeats, gaps below and above the coalescing limit, chunk borders, both ends.
+  const std::vector<std::size_t> indices{99, 0, 6, 7, 7, 13, 14, 50, 3, 98, 21, 0, 64, 65, 66};
+  const HostArray expected = compressed.read_inputs("train", indices);
+  for (std::size_t k = 0; k < indices.size(); ++k) {
+    EXPECT_EQ(expected.as<float>()[k * 6 + 1], static_cast<float>(indices[k] * 6 + 1));
+  }
+  EXPECT_EQ(direct.read_inputs("train", indices).bytes, expected.bytes);
+  EXPECT_EQ(whole.read_inputs("train", indices).bytes, expected.bytes);
+  EXPECT_EQ(direct.read_targets("train", indices).bytes,
+            compressed.read_targets("train", indices).bytes);
+}
+
 TEST(Hdf5, ErrorsNameFileAndObject) {
   TempDir dir;
   const std::string path = dir.file("plain.h5");

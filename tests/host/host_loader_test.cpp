@@ -1,9 +1,14 @@
 // Tests of the Loader: disjoint covering shards, determinism per (seed, epoch), drop-last,
-// batches that match their shard, and the too-small-split error.
+// batches that match their shard, prefetching identical to synchronous reads in any request
+// order, non-finite values, and the too-small-split error.
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cmath>
+#include <limits>
 #include <numeric>
 #include <set>
+#include <thread>
 
 #include "host/loader.hpp"
 #include "tests/host/temp_dir.hpp"
@@ -105,6 +110,146 @@ TEST(Loader, SplitSmallerThanOneGlobalBatchIsRejected) {
     EXPECT_NE(message.find("global batch of 8"), std::string::npos) << message;
   }
   EXPECT_THROW(Loader({.path = dir.file("missing.h5")}), DatasetError);
+}
+
+void expect_same_batch(const Batch& a, const Batch& b) {
+  EXPECT_EQ(a.epoch, b.epoch);
+  EXPECT_EQ(a.step, b.step);
+  EXPECT_EQ(a.replica, b.replica);
+  EXPECT_EQ(a.inputs.shape, b.inputs.shape);
+  EXPECT_EQ(a.inputs.bytes, b.inputs.bytes) << "epoch " << a.epoch << " step " << a.step;
+  EXPECT_EQ(a.targets.bytes, b.targets.bytes) << "epoch " << a.epoch << " step " << a.step;
+}
+
+TEST(Loader, PrefetchedBatchesEqualSynchronousOnes) {
+  TempDir dir;
+  const std::string path = write_indexed(dir, 100);
+  const LoaderConfig base{.path = path, .replicas = 3, .samples_per_step = 4, .seed = 5};
+  LoaderConfig sync_config = base;
+  sync_config.prefetch_steps = 0;
+  Loader synchronous(sync_config);
+  LoaderConfig prefetch_config = base;
+  prefetch_config.prefetch_steps = 3;
+  Loader prefetching(prefetch_config);
+  const std::size_t steps = synchronous.steps_per_epoch();
+  for (std::size_t e = 0; e < 3; ++e) {
+    for (std::size_t s = 0; s < steps; ++s) {
+      for (std::size_t r = 0; r < 3; ++r) {
+        expect_same_batch(prefetching.batch(e, s, r), synchronous.batch(e, s, r));
+      }
+    }
+  }
+  const Loader::Stats stats = prefetching.stats();
+  EXPECT_EQ(stats.prefetched + stats.synchronous, 3 * steps * 3);
+  EXPECT_GT(stats.prefetched, 0u);
+  EXPECT_EQ(synchronous.stats().prefetched, 0u);
+}
+
+TEST(Loader, PrefetchServesAnyRequestOrder) {
+  TempDir dir;
+  const std::string path = write_indexed(dir, 90);
+  Loader synchronous(
+      {.path = path, .replicas = 2, .samples_per_step = 5, .seed = 9, .prefetch_steps = 0});
+  Loader prefetching(
+      {.path = path, .replicas = 2, .samples_per_step = 5, .seed = 9, .prefetch_steps = 2});
+  // Far ahead first (as after resuming), then repeats, a step back, another epoch's start.
+  const std::vector<std::array<std::size_t, 3>> requests = {
+      {2, 3, 0}, {2, 3, 1}, {2, 4, 0}, {2, 4, 1}, {2, 4, 1}, {2, 5, 1}, {2, 5, 0}, {2, 1, 0},
+      {0, 0, 1}, {2, 6, 0}, {3, 0, 0}, {3, 0, 1}, {3, 1, 1}, {3, 1, 0}, {3, 2, 0}, {3, 2, 1}};
+  for (const auto& [e, s, r] : requests) {
+    expect_same_batch(prefetching.batch(e, s, r), synchronous.batch(e, s, r));
+  }
+}
+
+TEST(Loader, ConcurrentFeedersGetTheirOwnBatches) {
+  TempDir dir;
+  const std::string path = write_indexed(dir, 200);
+  Loader synchronous(
+      {.path = path, .replicas = 4, .samples_per_step = 3, .seed = 1, .prefetch_steps = 0});
+  Loader prefetching(
+      {.path = path, .replicas = 4, .samples_per_step = 3, .seed = 1, .prefetch_steps = 2});
+  const std::size_t steps = prefetching.steps_per_epoch();
+  std::vector<std::vector<Batch>> got(4);
+  std::vector<std::thread> feeders;
+  for (std::size_t r = 0; r < 4; ++r) {
+    feeders.emplace_back([&, r] {
+      for (std::size_t e = 0; e < 2; ++e) {
+        for (std::size_t s = 0; s < steps; ++s) got[r].push_back(prefetching.batch(e, s, r));
+      }
+    });
+  }
+  for (auto& feeder : feeders) feeder.join();
+  for (std::size_t r = 0; r < 4; ++r) {
+    ASSERT_EQ(got[r].size(), 2 * steps);
+    for (std::size_t k = 0; k < got[r].size(); ++k) {
+      expect_same_batch(got[r][k], synchronous.batch(k / steps, k % steps, r));
+    }
+  }
+}
+
+// Inputs [count, 2, 3] with value i*6+j, one element replaced by `bad`.
+std::string write_with(const TempDir& dir, std::size_t count, std::size_t sample,
+                       std::size_t element, float bad) {
+  const std::string path = dir.file("bad.h5");
+  DatasetWriter writer(path, {.chunk_samples = 8});
+  for (const char* split : {"train", "test"}) {
+    HostArray inputs = HostArray::zeros(DType::f32, {count, 2, 3});
+    auto values = inputs.as<float>();
+    std::iota(values.begin(), values.end(), 0.0f);
+    if (std::string(split) == "train") values[sample * 6 + element] = bad;
+    HostArray targets = HostArray::zeros(DType::i32, {count});
+    writer.write_split(split, inputs, targets);
+  }
+  writer.finish();
+  return path;
+}
+
+TEST(LoaderErrors, NaNInInputsNamesSplitSampleAndElement) {
+  TempDir dir;
+  const std::string path = write_with(dir, 40, 37, 5, std::numeric_limits<float>::quiet_NaN());
+  for (std::size_t prefetch : {0, 2}) {
+    Loader loader({.path = path,
+                   .replicas = 2,
+                   .samples_per_step = 4,
+                   .shuffle = false,
+                   .prefetch_steps = prefetch});
+    // Sample 37 is position 18 of replica 1's shard: step 4. Replica 0's batch there is clean.
+    for (std::size_t s = 0; s < 4; ++s) {
+      EXPECT_NO_THROW(loader.batch(0, s, 0));
+      EXPECT_NO_THROW(loader.batch(0, s, 1));
+    }
+    EXPECT_NO_THROW(loader.batch(0, 4, 0));
+    try {
+      loader.batch(0, 4, 1);
+      FAIL() << "expected DatasetError";
+    } catch (const DatasetError& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("split 'train'"), std::string::npos) << message;
+      EXPECT_NE(message.find("inputs of sample 37, element 5 (position [1,2]"), std::string::npos)
+          << message;
+      EXPECT_NE(message.find("is NaN"), std::string::npos) << message;
+    }
+  }
+  Loader unchecked({.path = path,
+                    .replicas = 2,
+                    .samples_per_step = 4,
+                    .shuffle = false,
+                    .check_finite = false});
+  EXPECT_TRUE(std::isnan(unchecked.batch(0, 4, 1).inputs.as<float>()[2 * 6 + 5]));
+}
+
+TEST(LoaderErrors, InfinityInInputsIsRejected) {
+  TempDir dir;
+  const std::string path = write_with(dir, 16, 3, 0, -std::numeric_limits<float>::infinity());
+  Loader loader({.path = path, .replicas = 1, .samples_per_step = 16});
+  try {
+    loader.batch(0, 0, 0);
+    FAIL() << "expected DatasetError";
+  } catch (const DatasetError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("sample 3, element 0"), std::string::npos) << message;
+    EXPECT_NE(message.find("infinite"), std::string::npos) << message;
+  }
 }
 
 TEST(Loader, PermutationIsAPermutation) {

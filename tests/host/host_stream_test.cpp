@@ -1,8 +1,14 @@
 // Tests of StreamServer/StreamClient over real loopback TCP: two-way data with two clients,
 // credit backpressure, authentication, and bounded waits when a peer is missing or gone.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstring>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -42,6 +48,65 @@ Frame frame_of(std::uint16_t stream, std::uint64_t step, std::int32_t value) {
   return Frame{stream, step,
                HostArray::from_values<std::int32_t>({2}, std::vector<std::int32_t>{value, -value})};
 }
+
+// A hand-driven TCP peer (plain POSIX sockets) that can send bytes no StreamClient would.
+class RawPeer {
+ public:
+  explicit RawPeer(std::uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+      throw std::runtime_error("RawPeer: cannot connect");
+    }
+  }
+  ~RawPeer() { ::close(fd_); }
+  void send(const std::vector<std::byte>& bytes) {
+    ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+  }
+  // Reads frames until a close frame and returns its reason ("" if the stream just ends).
+  std::string close_reason() {
+    const ReadExact read = [this](std::span<std::byte> buffer) {
+      std::size_t done = 0;
+      while (done < buffer.size()) {
+        const ssize_t got = ::recv(fd_, buffer.data() + done, buffer.size() - done, 0);
+        if (got <= 0) throw StreamError("end of stream");
+        done += static_cast<std::size_t>(got);
+      }
+    };
+    try {
+      for (;;) {
+        const WireFrame wire = read_frame(read);
+        if (wire.kind == FrameKind::close) return array_text(wire.frame.array);
+      }
+    } catch (const StreamError&) {
+      return "";
+    }
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+struct LogLines {
+  std::mutex mutex;
+  std::vector<std::string> lines;
+  std::function<void(const std::string&)> sink() {
+    return [this](const std::string& line) {
+      std::lock_guard<std::mutex> guard(mutex);
+      lines.push_back(line);
+    };
+  }
+  std::string all() {
+    std::lock_guard<std::mutex> guard(mutex);
+    std::string text;
+    for (const auto& line : lines) text += line + "\n";
+    return text;
+  }
+};
 
 TEST(StreamSecret, IsHexAndRandom) {
   const std::string a = make_secret();
@@ -216,6 +281,55 @@ TEST(Stream, ClientSeesTheHostClosing) {
   auto client = pending.get();
   server.close();
   EXPECT_THROW(client->receive(), StreamError);
+}
+
+TEST(StreamRejects, CorruptFrameClosesTheConnectionWithALoggedReason) {
+  const std::string secret = make_secret();
+  LogLines log;
+  ServerConfig config = server_config(secret, 1);
+  config.log = log.sink();
+  StreamServer server(config);
+  RawPeer peer(server.port());
+  peer.send(encode_frame(FrameKind::hello, Frame{0, 0, text_array(secret)}));
+  server.accept_clients();
+  auto corrupt = encode_frame(FrameKind::data, frame_of(1, 3, 77));
+  corrupt[corrupt.size() - 6] ^= std::byte{0x01};  // a payload bit flipped in transit
+  peer.send(encode_frame(FrameKind::data, frame_of(1, 2, 5)));
+  peer.send(corrupt);
+  EXPECT_EQ(server.receive(0).step, 2u);  // the good frame before it still arrives
+  try {
+    server.receive(0);
+    FAIL() << "expected StreamError";
+  } catch (const StreamError& error) {
+    EXPECT_NE(std::string(error.what()).find("CRC32C mismatch"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("client 0"), std::string::npos) << error.what();
+  }
+  EXPECT_NE(log.all().find("CRC32C mismatch"), std::string::npos) << log.all();
+  EXPECT_NE(peer.close_reason().find("CRC32C mismatch"), std::string::npos);
+  EXPECT_THROW(server.send(0, frame_of(0, 4, 4)), StreamError);
+}
+
+TEST(StreamRejects, OversizedHelloIsRefusedBeforeAllocating) {
+  const std::string secret = make_secret();
+  LogLines log;
+  ServerConfig config = server_config(secret, 1);
+  config.log = log.sink();
+  StreamServer server(config);
+  auto accepted = std::async(std::launch::async, [&] { server.accept_clients(); });
+  {
+    RawPeer peer(server.port());
+    auto hello = encode_frame(FrameKind::hello, Frame{0, 0, text_array(secret)});
+    const std::uint64_t huge = std::uint64_t{512} << 20;  // 512 MiB claimed by a stranger
+    std::memcpy(hello.data() + 20, &huge, 8);
+    std::memcpy(hello.data() + kFrameHeaderBytes, &huge, 8);
+    peer.send(hello);
+    EXPECT_NE(peer.close_reason().find("exceeds the limit of 4096"), std::string::npos);
+  }
+  StreamClient good(client_config(server.port(), secret, 0));
+  accepted.get();
+  EXPECT_NE(log.all().find("exceeds the limit of 4096 bytes"), std::string::npos) << log.all();
+  server.send(0, frame_of(0, 1, 1));
+  EXPECT_EQ(good.receive().step, 1u);
 }
 
 }  // namespace
