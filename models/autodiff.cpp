@@ -19,7 +19,9 @@ ValueId sum_to(Graph& g, ValueId d, const Shape& target, const std::string& name
   return g.info(r).shape == target ? r : g.reshape(r, target, name + "_reshape");
 }
 
-Attrs with_fn(const Op& op) { return op.attrs; }
+Attrs with_fn(const Op& op) {
+  return op.attrs;
+}
 
 bool differentiable(OpKind kind) {
   switch (kind) {
@@ -100,9 +102,11 @@ std::map<ValueId, ValueId> build_backward(Graph& g, ValueId loss, double loss_sc
         const bool ta = op.transpose_a, tb = op.transpose_b;
         // C = op(A) op(B): dA from dC op(B)^T, dB from op(A)^T dC, stored like A and B.
         if (wants(a))
-          accumulate(a, ta ? g.matmul(b, dy, tb, true, n + "_a") : g.matmul(dy, b, false, !tb, n + "_a"));
+          accumulate(
+              a, ta ? g.matmul(b, dy, tb, true, n + "_a") : g.matmul(dy, b, false, !tb, n + "_a"));
         if (wants(b))
-          accumulate(b, tb ? g.matmul(dy, a, true, ta, n + "_b") : g.matmul(a, dy, !ta, false, n + "_b"));
+          accumulate(
+              b, tb ? g.matmul(dy, a, true, ta, n + "_b") : g.matmul(a, dy, !ta, false, n + "_b"));
         break;
       }
       case OpKind::batch_matmul: {
@@ -146,13 +150,20 @@ std::map<ValueId, ValueId> build_backward(Graph& g, ValueId loss, double loss_sc
               accumulate(b, sum_to(g, g.unary(UnaryFn::neg, dy, n + "_neg"), shape(1), n + "_b"));
             break;
           case BinaryFn::mul:
-            if (wants(a)) accumulate(a, sum_to(g, g.binary(BinaryFn::mul, dy, b, n + "_a"), shape(0), n + "_a"));
-            if (wants(b)) accumulate(b, sum_to(g, g.binary(BinaryFn::mul, dy, a, n + "_b"), shape(1), n + "_b"));
+            if (wants(a))
+              accumulate(a,
+                         sum_to(g, g.binary(BinaryFn::mul, dy, b, n + "_a"), shape(0), n + "_a"));
+            if (wants(b))
+              accumulate(b,
+                         sum_to(g, g.binary(BinaryFn::mul, dy, a, n + "_b"), shape(1), n + "_b"));
             break;
           case BinaryFn::div:
-            if (wants(a)) accumulate(a, sum_to(g, g.binary(BinaryFn::div, dy, b, n + "_a"), shape(0), n + "_a"));
+            if (wants(a))
+              accumulate(a,
+                         sum_to(g, g.binary(BinaryFn::div, dy, b, n + "_a"), shape(0), n + "_a"));
             if (wants(b)) {  // d(a/b)/db = -(a/b)/b
-              const ValueId t = g.binary(BinaryFn::div, g.binary(BinaryFn::mul, dy, y, n + "_dyy"), b, n + "_q");
+              const ValueId t =
+                  g.binary(BinaryFn::div, g.binary(BinaryFn::mul, dy, y, n + "_dyy"), b, n + "_q");
               accumulate(b, sum_to(g, g.unary(UnaryFn::neg, t, n + "_neg"), shape(1), n + "_b"));
             }
             break;
@@ -178,7 +189,8 @@ std::map<ValueId, ValueId> build_backward(Graph& g, ValueId loss, double loss_sc
       case OpKind::permute: {
         const auto& perm = op.list("perm");
         std::vector<std::size_t> inverse(perm.size());
-        for (std::size_t k = 0; k < perm.size(); ++k) inverse[static_cast<std::size_t>(perm[k])] = k;
+        for (std::size_t k = 0; k < perm.size(); ++k)
+          inverse[static_cast<std::size_t>(perm[k])] = k;
         accumulate(x(0), g.permute(dy, inverse, n));
         break;
       }
@@ -196,7 +208,8 @@ std::map<ValueId, ValueId> build_backward(Graph& g, ValueId loss, double loss_sc
         std::size_t begin = 0;
         for (std::size_t k = 0; k < op.inputs.size(); ++k) {
           const std::size_t len = shape(k)[axis];
-          if (wants(x(k))) accumulate(x(k), g.slice(dy, axis, begin, begin + len, n + std::to_string(k)));
+          if (wants(x(k)))
+            accumulate(x(k), g.slice(dy, axis, begin, begin + len, n + std::to_string(k)));
           begin += len;
         }
         break;
@@ -206,17 +219,21 @@ std::map<ValueId, ValueId> build_backward(Graph& g, ValueId loss, double loss_sc
         break;
       case OpKind::conv2d:
         if (wants(x(0)))
-          accumulate(x(0), g.derived(OpKind::conv2d_grad_input, n + "_input", {dy, x(1)}, out_like(0), op.attrs));
+          accumulate(x(0), g.derived(OpKind::conv2d_grad_input, n + "_input", {dy, x(1)},
+                                     out_like(0), op.attrs));
         if (wants(x(1)))
-          accumulate(x(1), g.derived(OpKind::conv2d_grad_weight, n + "_weight", {dy, x(0)}, out_like(1), op.attrs));
+          accumulate(x(1), g.derived(OpKind::conv2d_grad_weight, n + "_weight", {dy, x(0)},
+                                     out_like(1), op.attrs));
         break;
       case OpKind::conv_transpose2d: {
         // y = conv^T(x): dx is the forward convolution of dy; dw swaps the roles of x and dy.
         Attrs a = op.attrs;
         a.lists.erase("output_padding");
-        if (wants(x(0))) accumulate(x(0), g.derived(OpKind::conv2d, n + "_input", {dy, x(1)}, out_like(0), a));
+        if (wants(x(0)))
+          accumulate(x(0), g.derived(OpKind::conv2d, n + "_input", {dy, x(1)}, out_like(0), a));
         if (wants(x(1)))
-          accumulate(x(1), g.derived(OpKind::conv2d_grad_weight, n + "_weight", {x(0), dy}, out_like(1), a));
+          accumulate(x(1), g.derived(OpKind::conv2d_grad_weight, n + "_weight", {x(0), dy},
+                                     out_like(1), a));
         break;
       }
       case OpKind::max_pool2d:

@@ -74,16 +74,18 @@ void Interpreter::set(ValueId id, Buffer buffer) {
                   graph_.info(id).str() + ", got " + buffer.info.str());
   const std::size_t n = buffer.info.elements();
   if ((buffer.info.dtype == DType::f32 ? buffer.f.size() : buffer.i.size()) != n)
-    throw IrError("Interpreter::set of '" + graph_.value(id).name + "': the buffer holds " +
-                  std::to_string(buffer.info.dtype == DType::f32 ? buffer.f.size() : buffer.i.size()) +
-                  " elements, its shape " + buffer.info.str() + " needs " + std::to_string(n));
+    throw IrError(
+        "Interpreter::set of '" + graph_.value(id).name + "': the buffer holds " +
+        std::to_string(buffer.info.dtype == DType::f32 ? buffer.f.size() : buffer.i.size()) +
+        " elements, its shape " + buffer.info.str() + " needs " + std::to_string(n));
   values_[id] = std::move(buffer);
 }
 
 const Buffer& Interpreter::get(ValueId id) const {
   auto it = values_.find(id);
   if (it == values_.end())
-    throw IrError("Interpreter: value '" + graph_.value(id).name + "' has not been computed or set");
+    throw IrError("Interpreter: value '" + graph_.value(id).name +
+                  "' has not been computed or set");
   return it->second;
 }
 
@@ -138,8 +140,7 @@ void Interpreter::run_op(std::size_t index, const Op& op) {
       for (std::size_t i = 0; i < out.f.size(); ++i) out.f[i] = std::max(in(0).f[i], 0.f);
       break;
     case OpKind::relu_grad:
-      for (std::size_t i = 0; i < out.f.size(); ++i)
-        out.f[i] = in(1).f[i] > 0.f ? in(0).f[i] : 0.f;
+      for (std::size_t i = 0; i < out.f.size(); ++i) out.f[i] = in(1).f[i] > 0.f ? in(0).f[i] : 0.f;
       break;
     case OpKind::column_sum: {
       const std::size_t n = out.info.shape[0], m = in(0).info.shape[0];
@@ -158,8 +159,8 @@ void Interpreter::run_op(std::size_t index, const Op& op) {
         const float* row = &logits.f[r * classes];
         const std::int32_t y = labels.i[r];
         if (y < 0 || static_cast<std::size_t>(y) >= classes)
-          throw IrError(op.name + ": label " + std::to_string(y) + " of row " +
-                        std::to_string(r) + " is outside [0, " + std::to_string(classes) + ")");
+          throw IrError(op.name + ": label " + std::to_string(y) + " of row " + std::to_string(r) +
+                        " is outside [0, " + std::to_string(classes) + ")");
         const float mx = *std::max_element(row, row + classes);
         float s = 0.f;
         for (std::size_t c = 0; c < classes; ++c) s += std::exp(row[c] - mx);
@@ -180,57 +181,109 @@ void Interpreter::run_op(std::size_t index, const Op& op) {
       for (std::size_t i = 0; i < p.f.size(); ++i) p.f[i] -= static_cast<float>(op.scalar) * g.f[i];
       return;
     }
-    case OpKind::unary: kernels::unary(op, in(0), out); break;
-    case OpKind::unary_grad: kernels::unary_grad(op, in(0), in(1), out); break;
-    case OpKind::binary: kernels::binary(op, in(0), in(1), out); break;
-    case OpKind::reduce_sum: kernels::reduce_sum(op, in(0), out); break;
-    case OpKind::broadcast_to: kernels::broadcast_to(op, in(0), out); break;
-    case OpKind::permute: kernels::permute(op, in(0), out); break;
-    case OpKind::slice: kernels::slice(op, in(0), out); break;
-    case OpKind::slice_grad: kernels::slice_grad(op, in(0), out); break;
+    case OpKind::unary:
+      kernels::unary(op, in(0), out);
+      break;
+    case OpKind::unary_grad:
+      kernels::unary_grad(op, in(0), in(1), out);
+      break;
+    case OpKind::binary:
+      kernels::binary(op, in(0), in(1), out);
+      break;
+    case OpKind::reduce_sum:
+      kernels::reduce_sum(op, in(0), out);
+      break;
+    case OpKind::broadcast_to:
+      kernels::broadcast_to(op, in(0), out);
+      break;
+    case OpKind::permute:
+      kernels::permute(op, in(0), out);
+      break;
+    case OpKind::slice:
+      kernels::slice(op, in(0), out);
+      break;
+    case OpKind::slice_grad:
+      kernels::slice_grad(op, in(0), out);
+      break;
     case OpKind::concat: {
       std::vector<const Buffer*> xs;
       for (std::size_t k = 0; k < op.inputs.size(); ++k) xs.push_back(&in(k));
       kernels::concat(op, xs, out);
       break;
     }
-    case OpKind::batch_matmul: kernels::batch_matmul(op, in(0), in(1), out); break;
-    case OpKind::softmax: kernels::softmax(in(0), out); break;
-    case OpKind::softmax_grad: kernels::softmax_grad(in(0), in(1), out); break;
-    case OpKind::conv2d: kernels::conv2d(op, in(0), in(1), out); break;
+    case OpKind::batch_matmul:
+      kernels::batch_matmul(op, in(0), in(1), out);
+      break;
+    case OpKind::softmax:
+      kernels::softmax(in(0), out);
+      break;
+    case OpKind::softmax_grad:
+      kernels::softmax_grad(in(0), in(1), out);
+      break;
+    case OpKind::conv2d:
+      kernels::conv2d(op, in(0), in(1), out);
+      break;
     case OpKind::conv2d_grad_input:
-    case OpKind::conv_transpose2d: kernels::conv2d_grad_input(op, in(0), in(1), out); break;
-    case OpKind::conv2d_grad_weight: kernels::conv2d_grad_weight(op, in(0), in(1), out); break;
-    case OpKind::max_pool2d: kernels::max_pool2d(op, in(0), out); break;
-    case OpKind::max_pool2d_grad: kernels::max_pool2d_grad(op, in(0), in(1), out); break;
-    case OpKind::avg_pool2d: kernels::avg_pool2d(op, in(0), out); break;
-    case OpKind::avg_pool2d_grad: kernels::avg_pool2d_grad(op, in(0), out); break;
-    case OpKind::normalize: kernels::normalize(op, in(0), out); break;
-    case OpKind::normalize_grad: kernels::normalize_grad(op, in(0), in(1), out); break;
+    case OpKind::conv_transpose2d:
+      kernels::conv2d_grad_input(op, in(0), in(1), out);
+      break;
+    case OpKind::conv2d_grad_weight:
+      kernels::conv2d_grad_weight(op, in(0), in(1), out);
+      break;
+    case OpKind::max_pool2d:
+      kernels::max_pool2d(op, in(0), out);
+      break;
+    case OpKind::max_pool2d_grad:
+      kernels::max_pool2d_grad(op, in(0), in(1), out);
+      break;
+    case OpKind::avg_pool2d:
+      kernels::avg_pool2d(op, in(0), out);
+      break;
+    case OpKind::avg_pool2d_grad:
+      kernels::avg_pool2d_grad(op, in(0), out);
+      break;
+    case OpKind::normalize:
+      kernels::normalize(op, in(0), out);
+      break;
+    case OpKind::normalize_grad:
+      kernels::normalize_grad(op, in(0), in(1), out);
+      break;
     case OpKind::batch_norm_inference:
       kernels::batch_norm_inference(op, in(0), in(1), in(2), out);
       break;
     case OpKind::batch_norm_stats_update:
       kernels::batch_norm_stats_update(op, in(0), state(1), state(2));
       return;
-    case OpKind::gather_rows: kernels::gather_rows(op, in(0), in(1), out); break;
-    case OpKind::scatter_add_rows: kernels::scatter_add_rows(op, in(0), in(1), out); break;
-    case OpKind::random_mask: kernels::random_mask(op, invocations_[index]++, out); break;
-    case OpKind::vq_nearest: kernels::vq_nearest(in(0), in(1), out); break;
+    case OpKind::gather_rows:
+      kernels::gather_rows(op, in(0), in(1), out);
+      break;
+    case OpKind::scatter_add_rows:
+      kernels::scatter_add_rows(op, in(0), in(1), out);
+      break;
+    case OpKind::random_mask:
+      kernels::random_mask(op, invocations_[index]++, out);
+      break;
+    case OpKind::vq_nearest:
+      kernels::vq_nearest(in(0), in(1), out);
+      break;
     case OpKind::vq_ema_update:
       kernels::vq_ema_update(op, in(0), in(1), state(2), state(3), state(4));
       return;
     case OpKind::increment:
       for (float& v : state(0).f) v += 1.f;
       return;
-    case OpKind::lr_schedule: kernels::lr_schedule(op, in(0), out); break;
+    case OpKind::lr_schedule:
+      kernels::lr_schedule(op, in(0), out);
+      break;
     case OpKind::global_norm: {
       std::vector<const Buffer*> gs;
       for (std::size_t k = 0; k < op.inputs.size(); ++k) gs.push_back(&in(k));
       kernels::global_norm(gs, out);
       break;
     }
-    case OpKind::clip_factor: kernels::clip_factor(op, in(0), out); break;
+    case OpKind::clip_factor:
+      kernels::clip_factor(op, in(0), out);
+      break;
     case OpKind::sgd_momentum_step:
       kernels::sgd_momentum_step(op, state(0), in(1), state(2), in(3));
       return;

@@ -26,7 +26,7 @@ class Interpreter {
  public:
   // Parameters and state values start from initial_parameter(graph, id, seed).
   explicit Interpreter(const Graph& graph, std::uint64_t seed = 0);
-  void set(ValueId id, Buffer buffer);   // inputs (and parameters, to override)
+  void set(ValueId id, Buffer buffer);  // inputs (and parameters, to override)
   const Buffer& get(ValueId id) const;
   // Runs every op whose phase is in `phases`, in graph order. Random masks draw anew on every
   // run (keyed by the op's seed and how often it ran), so runs are reproducible.

@@ -7,7 +7,9 @@
 
 namespace ipupod::models {
 
-const char* dtype_name(DType dtype) { return dtype == DType::f32 ? "float32" : "int32"; }
+const char* dtype_name(DType dtype) {
+  return dtype == DType::f32 ? "float32" : "int32";
+}
 
 std::size_t TensorInfo::elements() const {
   return std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>());
@@ -21,85 +23,152 @@ std::string TensorInfo::str() const {
 
 const char* op_name(OpKind kind) {
   switch (kind) {
-    case OpKind::input: return "Input";
-    case OpKind::parameter: return "Parameter";
-    case OpKind::constant: return "Constant";
-    case OpKind::reshape: return "Reshape";
-    case OpKind::matmul: return "MatMul";
-    case OpKind::add: return "Add";
-    case OpKind::add_bias: return "AddBias";
-    case OpKind::relu: return "Relu";
-    case OpKind::relu_grad: return "ReluGrad";
-    case OpKind::column_sum: return "ColumnSum";
-    case OpKind::softmax_cross_entropy: return "SoftmaxCrossEntropy";
-    case OpKind::softmax_cross_entropy_grad: return "SoftmaxCrossEntropyGrad";
-    case OpKind::sgd_step: return "SgdStep";
-    case OpKind::state: return "State";
-    case OpKind::unary: return "Unary";
-    case OpKind::unary_grad: return "UnaryGrad";
-    case OpKind::binary: return "Binary";
-    case OpKind::reduce_sum: return "ReduceSum";
-    case OpKind::broadcast_to: return "BroadcastTo";
-    case OpKind::permute: return "Permute";
-    case OpKind::slice: return "Slice";
-    case OpKind::slice_grad: return "SliceGrad";
-    case OpKind::concat: return "Concat";
-    case OpKind::batch_matmul: return "BatchMatMul";
-    case OpKind::softmax: return "Softmax";
-    case OpKind::softmax_grad: return "SoftmaxGrad";
-    case OpKind::conv2d: return "Conv2d";
-    case OpKind::conv2d_grad_input: return "Conv2dGradInput";
-    case OpKind::conv2d_grad_weight: return "Conv2dGradWeight";
-    case OpKind::conv_transpose2d: return "ConvTranspose2d";
-    case OpKind::max_pool2d: return "MaxPool2d";
-    case OpKind::max_pool2d_grad: return "MaxPool2dGrad";
-    case OpKind::avg_pool2d: return "AvgPool2d";
-    case OpKind::avg_pool2d_grad: return "AvgPool2dGrad";
-    case OpKind::normalize: return "Normalize";
-    case OpKind::normalize_grad: return "NormalizeGrad";
-    case OpKind::batch_norm_inference: return "BatchNormInference";
-    case OpKind::batch_norm_stats_update: return "BatchNormStatsUpdate";
-    case OpKind::gather_rows: return "GatherRows";
-    case OpKind::scatter_add_rows: return "ScatterAddRows";
-    case OpKind::random_mask: return "RandomMask";
-    case OpKind::stop_gradient: return "StopGradient";
-    case OpKind::vq_nearest: return "VqNearest";
-    case OpKind::vq_ema_update: return "VqEmaUpdate";
-    case OpKind::increment: return "Increment";
-    case OpKind::lr_schedule: return "LrSchedule";
-    case OpKind::global_norm: return "GlobalNorm";
-    case OpKind::clip_factor: return "ClipFactor";
-    case OpKind::sgd_momentum_step: return "SgdMomentumStep";
-    case OpKind::adam_step: return "AdamStep";
-    case OpKind::lamb_step: return "LambStep";
+    case OpKind::input:
+      return "Input";
+    case OpKind::parameter:
+      return "Parameter";
+    case OpKind::constant:
+      return "Constant";
+    case OpKind::reshape:
+      return "Reshape";
+    case OpKind::matmul:
+      return "MatMul";
+    case OpKind::add:
+      return "Add";
+    case OpKind::add_bias:
+      return "AddBias";
+    case OpKind::relu:
+      return "Relu";
+    case OpKind::relu_grad:
+      return "ReluGrad";
+    case OpKind::column_sum:
+      return "ColumnSum";
+    case OpKind::softmax_cross_entropy:
+      return "SoftmaxCrossEntropy";
+    case OpKind::softmax_cross_entropy_grad:
+      return "SoftmaxCrossEntropyGrad";
+    case OpKind::sgd_step:
+      return "SgdStep";
+    case OpKind::state:
+      return "State";
+    case OpKind::unary:
+      return "Unary";
+    case OpKind::unary_grad:
+      return "UnaryGrad";
+    case OpKind::binary:
+      return "Binary";
+    case OpKind::reduce_sum:
+      return "ReduceSum";
+    case OpKind::broadcast_to:
+      return "BroadcastTo";
+    case OpKind::permute:
+      return "Permute";
+    case OpKind::slice:
+      return "Slice";
+    case OpKind::slice_grad:
+      return "SliceGrad";
+    case OpKind::concat:
+      return "Concat";
+    case OpKind::batch_matmul:
+      return "BatchMatMul";
+    case OpKind::softmax:
+      return "Softmax";
+    case OpKind::softmax_grad:
+      return "SoftmaxGrad";
+    case OpKind::conv2d:
+      return "Conv2d";
+    case OpKind::conv2d_grad_input:
+      return "Conv2dGradInput";
+    case OpKind::conv2d_grad_weight:
+      return "Conv2dGradWeight";
+    case OpKind::conv_transpose2d:
+      return "ConvTranspose2d";
+    case OpKind::max_pool2d:
+      return "MaxPool2d";
+    case OpKind::max_pool2d_grad:
+      return "MaxPool2dGrad";
+    case OpKind::avg_pool2d:
+      return "AvgPool2d";
+    case OpKind::avg_pool2d_grad:
+      return "AvgPool2dGrad";
+    case OpKind::normalize:
+      return "Normalize";
+    case OpKind::normalize_grad:
+      return "NormalizeGrad";
+    case OpKind::batch_norm_inference:
+      return "BatchNormInference";
+    case OpKind::batch_norm_stats_update:
+      return "BatchNormStatsUpdate";
+    case OpKind::gather_rows:
+      return "GatherRows";
+    case OpKind::scatter_add_rows:
+      return "ScatterAddRows";
+    case OpKind::random_mask:
+      return "RandomMask";
+    case OpKind::stop_gradient:
+      return "StopGradient";
+    case OpKind::vq_nearest:
+      return "VqNearest";
+    case OpKind::vq_ema_update:
+      return "VqEmaUpdate";
+    case OpKind::increment:
+      return "Increment";
+    case OpKind::lr_schedule:
+      return "LrSchedule";
+    case OpKind::global_norm:
+      return "GlobalNorm";
+    case OpKind::clip_factor:
+      return "ClipFactor";
+    case OpKind::sgd_momentum_step:
+      return "SgdMomentumStep";
+    case OpKind::adam_step:
+      return "AdamStep";
+    case OpKind::lamb_step:
+      return "LambStep";
   }
   return "?";
 }
 
 const char* unary_fn_name(UnaryFn fn) {
   switch (fn) {
-    case UnaryFn::gelu: return "gelu";
-    case UnaryFn::silu: return "silu";
-    case UnaryFn::sigmoid: return "sigmoid";
-    case UnaryFn::tanh: return "tanh";
-    case UnaryFn::leaky_relu: return "leaky_relu";
-    case UnaryFn::sqrt: return "sqrt";
-    case UnaryFn::rsqrt: return "rsqrt";
-    case UnaryFn::exp: return "exp";
-    case UnaryFn::log: return "log";
-    case UnaryFn::square: return "square";
-    case UnaryFn::abs: return "abs";
-    case UnaryFn::neg: return "neg";
+    case UnaryFn::gelu:
+      return "gelu";
+    case UnaryFn::silu:
+      return "silu";
+    case UnaryFn::sigmoid:
+      return "sigmoid";
+    case UnaryFn::tanh:
+      return "tanh";
+    case UnaryFn::leaky_relu:
+      return "leaky_relu";
+    case UnaryFn::sqrt:
+      return "sqrt";
+    case UnaryFn::rsqrt:
+      return "rsqrt";
+    case UnaryFn::exp:
+      return "exp";
+    case UnaryFn::log:
+      return "log";
+    case UnaryFn::square:
+      return "square";
+    case UnaryFn::abs:
+      return "abs";
+    case UnaryFn::neg:
+      return "neg";
   }
   return "?";
 }
 
 const char* binary_fn_name(BinaryFn fn) {
   switch (fn) {
-    case BinaryFn::add: return "add";
-    case BinaryFn::sub: return "sub";
-    case BinaryFn::mul: return "mul";
-    case BinaryFn::div: return "div";
+    case BinaryFn::add:
+      return "add";
+    case BinaryFn::sub:
+      return "sub";
+    case BinaryFn::mul:
+      return "mul";
+    case BinaryFn::div:
+      return "div";
   }
   return "?";
 }
@@ -198,10 +267,9 @@ ValueId Graph::derived(OpKind kind, const std::string& name, std::vector<ValueId
 }
 
 ValueId Graph::add_op(OpKind kind, std::string name, std::vector<ValueId> inputs,
-                      std::optional<TensorInfo> out, bool ta, bool tb, double scalar,
-                      Attrs attrs) {
-  Op op{kind,  std::move(name), std::move(inputs), std::nullopt, phase_, stage_, ta, tb,
-        scalar, std::move(attrs), recompute_};
+                      std::optional<TensorInfo> out, bool ta, bool tb, double scalar, Attrs attrs) {
+  Op op{kind, std::move(name), std::move(inputs), std::nullopt, phase_, stage_, ta,
+        tb,   scalar,          std::move(attrs),  recompute_};
   if (out) {
     values_.push_back({op.name, *out, ops_.size()});
     op.output = static_cast<ValueId>(values_.size() - 1);
@@ -290,7 +358,8 @@ ValueId Graph::relu_grad(ValueId dy, ValueId y, const std::string& name) {
 
 ValueId Graph::column_sum(ValueId x, const std::string& name) {
   const std::string n = auto_name(OpKind::column_sum, name);
-  expect(info(x).shape.size() == 2, OpKind::column_sum, n, "input must be [m, n], got " + info(x).str());
+  expect(info(x).shape.size() == 2, OpKind::column_sum, n,
+         "input must be [m, n], got " + info(x).str());
   return add_op(OpKind::column_sum, n, {x}, TensorInfo{DType::f32, {info(x).shape[1]}});
 }
 

@@ -33,15 +33,15 @@ enum class OpKind : std::uint8_t {
   parameter,  // trained weights
   constant,   // a scalar fill (e.g. the loss seed 1.0)
   reshape,
-  matmul,     // attrs: transpose_a, transpose_b
+  matmul,  // attrs: transpose_a, transpose_b
   add,
-  add_bias,   // x [m,n] + b [n]
+  add_bias,  // x [m,n] + b [n]
   relu,
-  relu_grad,  // (dy, y) -> dx
-  column_sum, // x [m,n] -> [n]
+  relu_grad,                   // (dy, y) -> dx
+  column_sum,                  // x [m,n] -> [n]
   softmax_cross_entropy,       // (logits [m,c], labels [m] i32) -> mean loss []
   softmax_cross_entropy_grad,  // (logits, labels, dloss) -> dlogits
-  sgd_step,   // (param, grad) -> nothing; param -= lr * grad (in place); attr: learning_rate
+  sgd_step,  // (param, grad) -> nothing; param -= lr * grad (in place); attr: learning_rate
 
   // --- variables that are not trained: running statistics, codebooks, optimizer moments
   state,  // init like a parameter (attrs "init"); updated in place by the ops that own it
@@ -70,10 +70,10 @@ enum class OpKind : std::uint8_t {
   avg_pool2d,          // attrs kernel, stride, padding, count_include_pad, or adaptive output
   avg_pool2d_grad,     // dy -> dx
   // --- normalisation without the affine part (the layer library adds gamma, beta)
-  normalize,               // attr norm (NormKind), eps, groups: (x - mean) / sqrt(var + eps)
-  normalize_grad,          // (dy, x) -> dx
-  batch_norm_inference,    // (x, running_mean [c], running_var [c]) -> normalised x; attr eps
-  batch_norm_stats_update, // (x, running_mean, running_var): EMA in place; attr momentum
+  normalize,                // attr norm (NormKind), eps, groups: (x - mean) / sqrt(var + eps)
+  normalize_grad,           // (dy, x) -> dx
+  batch_norm_inference,     // (x, running_mean [c], running_var [c]) -> normalised x; attr eps
+  batch_norm_stats_update,  // (x, running_mean, running_var): EMA in place; attr momentum
   // --- lookups, randomness, quantisation
   gather_rows,       // (table [v,d], indices i32 [...]) -> [..., d]
   scatter_add_rows,  // (dy [..., d], indices) -> [v,d]; attr rows
@@ -88,13 +88,24 @@ enum class OpKind : std::uint8_t {
   global_norm,        // (g0, g1, ...) -> sqrt(sum of squares) []
   clip_factor,        // (norm []) -> min(1, max_norm / (norm + 1e-6)) * attr scale
   sgd_momentum_step,  // (param, grad, velocity, lr) in place; attrs momentum, nesterov, wd
-  adam_step,          // (param, grad, m, v, lr, step) in place; attrs beta1, beta2, eps, wd, decoupled
-  lamb_step,          // (param, grad, m, v, lr, step) in place; attrs beta1, beta2, eps, wd
+  adam_step,  // (param, grad, m, v, lr, step) in place; attrs beta1, beta2, eps, wd, decoupled
+  lamb_step,  // (param, grad, m, v, lr, step) in place; attrs beta1, beta2, eps, wd
 };
 const char* op_name(OpKind kind);
 
 enum class UnaryFn : std::uint8_t {
-  gelu, silu, sigmoid, tanh, leaky_relu, sqrt, rsqrt, exp, log, square, abs, neg
+  gelu,
+  silu,
+  sigmoid,
+  tanh,
+  leaky_relu,
+  sqrt,
+  rsqrt,
+  exp,
+  log,
+  square,
+  abs,
+  neg
 };
 const char* unary_fn_name(UnaryFn fn);
 enum class BinaryFn : std::uint8_t { add, sub, mul, div };
@@ -123,7 +134,7 @@ struct Op {
   Phase phase = Phase::forward;
   int pipeline_stage = 0;  // annotation set by the model (BeginBlock in PopTorch)
   bool transpose_a = false, transpose_b = false;
-  double scalar = 0;       // learning rate, constant value, parameter init bound
+  double scalar = 0;  // learning rate, constant value, parameter init bound
   Attrs attrs = {};
   bool recompute = false;  // annotation: recompute in the backward pass instead of stashing
 
@@ -152,8 +163,8 @@ struct Conv2dGeometry {
   std::size_t groups = 1;
   // PyTorch's padding="same" (stride 1): total d*(k-1), the extra one on the bottom/right.
   static Conv2dGeometry same(std::size_t kh, std::size_t kw, std::size_t dilation = 1);
-  static Conv2dGeometry symmetric(std::size_t stride, std::size_t padding,
-                                  std::size_t dilation = 1, std::size_t groups = 1);
+  static Conv2dGeometry symmetric(std::size_t stride, std::size_t padding, std::size_t dilation = 1,
+                                  std::size_t groups = 1);
   void write(Attrs& attrs) const;
   static Conv2dGeometry read(const Op& op);
 };
@@ -205,7 +216,8 @@ class Graph {
   ValueId batch_matmul(ValueId a, ValueId b, bool transpose_a = false, bool transpose_b = false,
                        const std::string& name = "");
   ValueId softmax(ValueId x, const std::string& name = "");
-  ValueId conv2d(ValueId x, ValueId w, const Conv2dGeometry& geometry, const std::string& name = "");
+  ValueId conv2d(ValueId x, ValueId w, const Conv2dGeometry& geometry,
+                 const std::string& name = "");
   ValueId conv_transpose2d(ValueId x, ValueId w, const Conv2dGeometry& geometry,
                            std::size_t output_padding_h = 0, std::size_t output_padding_w = 0,
                            const std::string& name = "");
@@ -228,8 +240,8 @@ class Graph {
   // For autodiff and optimizers, which build ops from checked ones: an op with the given
   // output info and attributes, checked only for the existence of its inputs.
   ValueId derived(OpKind kind, const std::string& name, std::vector<ValueId> inputs,
-                  std::optional<TensorInfo> out, Attrs attrs = {}, bool ta = false,
-                  bool tb = false, double scalar = 0);
+                  std::optional<TensorInfo> out, Attrs attrs = {}, bool ta = false, bool tb = false,
+                  double scalar = 0);
 
   // Ops added from now on carry this phase / stage / recompute annotation.
   void set_phase(Phase phase) { phase_ = phase; }
@@ -250,8 +262,8 @@ class Graph {
 
  private:
   ValueId add_op(OpKind kind, std::string name, std::vector<ValueId> inputs,
-                 std::optional<TensorInfo> out, bool ta = false, bool tb = false,
-                 double scalar = 0, Attrs attrs = {});
+                 std::optional<TensorInfo> out, bool ta = false, bool tb = false, double scalar = 0,
+                 Attrs attrs = {});
   std::string auto_name(OpKind kind, const std::string& name) const;
   void expect(bool ok, OpKind kind, const std::string& name, const std::string& what) const;
   void expect_f32(ValueId v, OpKind kind, const std::string& name, const std::string& which) const;

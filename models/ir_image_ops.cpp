@@ -96,16 +96,17 @@ ValueId Graph::conv2d(ValueId x, ValueId w, const Conv2dGeometry& geo, const std
   expect(iw.shape[1] == ix.shape[1] / geo.groups, OpKind::conv2d, n,
          "input 1 (weight) " + iw.str() + " expects " + std::to_string(iw.shape[1] * geo.groups) +
              " input channels, input 0 (x) " + ix.str() + " has " + std::to_string(ix.shape[1]));
-  const std::size_t oh =
-      conv_out(ix.shape[2], geo.pad_top + geo.pad_bottom, iw.shape[2], geo.dilation_h, geo.stride_h);
+  const std::size_t oh = conv_out(ix.shape[2], geo.pad_top + geo.pad_bottom, iw.shape[2],
+                                  geo.dilation_h, geo.stride_h);
   const std::size_t ow = conv_out(ix.shape[3], geo.pad_left + geo.pad_right, iw.shape[3],
                                   geo.dilation_w, geo.stride_w);
   expect(oh > 0 && ow > 0, OpKind::conv2d, n,
          "kernel " + info(w).str() + " does not fit input " + ix.str() + " with this padding");
   Attrs a;
   geo.write(a);
-  return add_op(OpKind::conv2d, n, {x, w}, TensorInfo{DType::f32, {ix.shape[0], iw.shape[0], oh, ow}},
-                false, false, 0, std::move(a));
+  return add_op(OpKind::conv2d, n, {x, w},
+                TensorInfo{DType::f32, {ix.shape[0], iw.shape[0], oh, ow}}, false, false, 0,
+                std::move(a));
 }
 
 ValueId Graph::conv_transpose2d(ValueId x, ValueId w, const Conv2dGeometry& geo, std::size_t oph,
@@ -121,8 +122,9 @@ ValueId Graph::conv_transpose2d(ValueId x, ValueId w, const Conv2dGeometry& geo,
          "input 1 (weight) must be [" + std::to_string(ix.shape[1]) +
              ", out_channels/groups, kh, kw] with in_channels divisible by groups " +
              std::to_string(geo.groups) + ", got " + iw.str());
-  expect(oph < std::max(geo.stride_h, geo.dilation_h) && opw < std::max(geo.stride_w, geo.dilation_w),
-         OpKind::conv_transpose2d, n, "output_padding must be smaller than stride or dilation");
+  expect(
+      oph < std::max(geo.stride_h, geo.dilation_h) && opw < std::max(geo.stride_w, geo.dilation_w),
+      OpKind::conv_transpose2d, n, "output_padding must be smaller than stride or dilation");
   const long long oh = static_cast<long long>((ix.shape[2] - 1) * geo.stride_h) -
                        static_cast<long long>(geo.pad_top + geo.pad_bottom) +
                        static_cast<long long>(geo.dilation_h * (iw.shape[2] - 1) + oph + 1);
@@ -206,8 +208,8 @@ ValueId Graph::batch_norm_inference(ValueId x, ValueId mean, ValueId var, double
          "input 0 must be [n,c,...], got " + info(x).str());
   const Shape c = {info(x).shape[1]};
   expect(info(mean).shape == c && info(var).shape == c, OpKind::batch_norm_inference, n,
-         "running mean and variance must be float32" + shape_str(c) + ", got " +
-             info(mean).str() + " and " + info(var).str());
+         "running mean and variance must be float32" + shape_str(c) + ", got " + info(mean).str() +
+             " and " + info(var).str());
   Attrs a;
   a.reals["eps"] = eps;
   return add_op(OpKind::batch_norm_inference, n, {x, mean, var}, info(x), false, false, 0,
@@ -219,8 +221,8 @@ void Graph::batch_norm_stats_update(ValueId x, ValueId mean, ValueId var, double
   const std::string n = auto_name(OpKind::batch_norm_stats_update, name);
   const Shape c = {info(x).shape.at(1)};
   expect(info(mean).shape == c && info(var).shape == c, OpKind::batch_norm_stats_update, n,
-         "running mean and variance must be float32" + shape_str(c) + ", got " +
-             info(mean).str() + " and " + info(var).str());
+         "running mean and variance must be float32" + shape_str(c) + ", got " + info(mean).str() +
+             " and " + info(var).str());
   for (ValueId s : {mean, var})
     expect(producer(s).kind == OpKind::state, OpKind::batch_norm_stats_update, n,
            "'" + value(s).name + "' must be a state value (it is updated in place)");

@@ -173,8 +173,8 @@ ValueId Graph::softmax(ValueId x, const std::string& name) {
 
 ValueId Graph::gather_rows(ValueId table, ValueId indices, const std::string& name) {
   const std::string n = auto_name(OpKind::gather_rows, name);
-  expect(info(table).shape.size() == 2 && info(table).dtype == DType::f32, OpKind::gather_rows,
-         n, "input 0 (table) must be float32[rows, dim], got " + info(table).str());
+  expect(info(table).shape.size() == 2 && info(table).dtype == DType::f32, OpKind::gather_rows, n,
+         "input 0 (table) must be float32[rows, dim], got " + info(table).str());
   expect(info(indices).dtype == DType::i32, OpKind::gather_rows, n,
          "input 1 (indices) must be int32, got " + info(indices).str());
   Shape out = info(indices).shape;
@@ -189,8 +189,8 @@ ValueId Graph::random_mask(Shape shape, double p, std::uint64_t seed, const std:
   Attrs a;
   a.reals["p"] = p;
   a.ints["seed"] = static_cast<std::int64_t>(seed & 0x7fffffffffffffffull);
-  return add_op(OpKind::random_mask, n, {}, TensorInfo{DType::f32, std::move(shape)}, false,
-                false, 0, std::move(a));
+  return add_op(OpKind::random_mask, n, {}, TensorInfo{DType::f32, std::move(shape)}, false, false,
+                0, std::move(a));
 }
 
 ValueId Graph::stop_gradient(ValueId x, const std::string& name) {
@@ -215,9 +215,9 @@ void Graph::vq_ema_update(ValueId z, ValueId indices, ValueId codebook, ValueId 
   for (ValueId s : {codebook, cluster_size, embed_sum})
     expect(producer(s).kind == OpKind::state, OpKind::vq_ema_update, n,
            "'" + value(s).name + "' must be a state value (it is updated in place)");
-  expect(info(cluster_size).shape == Shape{k}, OpKind::vq_ema_update, n,
-         "cluster_size must be float32[" + std::to_string(k) + "], got " +
-             info(cluster_size).str());
+  expect(
+      info(cluster_size).shape == Shape{k}, OpKind::vq_ema_update, n,
+      "cluster_size must be float32[" + std::to_string(k) + "], got " + info(cluster_size).str());
   expect(info(embed_sum).shape == info(codebook).shape, OpKind::vq_ema_update, n,
          "embed_sum must be like the codebook " + info(codebook).str() + ", got " +
              info(embed_sum).str());

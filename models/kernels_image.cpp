@@ -41,10 +41,11 @@ void im2col(const ConvDims& d, const float* x, std::size_t b, std::size_t gr, fl
           for (std::size_t ox = 0; ox < d.ow; ++ox) {
             const long ix = static_cast<long>(ox * d.g.stride_w + j * d.g.dilation_w) -
                             static_cast<long>(d.g.pad_left);
-            const bool inside = iy >= 0 && ix >= 0 && iy < static_cast<long>(d.h) &&
-                                ix < static_cast<long>(d.w);
+            const bool inside =
+                iy >= 0 && ix >= 0 && iy < static_cast<long>(d.h) && ix < static_cast<long>(d.w);
             row[oy * d.ow + ox] =
-                inside ? plane[static_cast<std::size_t>(iy) * d.w + static_cast<std::size_t>(ix)] : 0.f;
+                inside ? plane[static_cast<std::size_t>(iy) * d.w + static_cast<std::size_t>(ix)]
+                       : 0.f;
           }
         }
       }
@@ -66,7 +67,8 @@ void col2im(const ConvDims& d, const float* col, std::size_t b, std::size_t gr, 
             const long ix = static_cast<long>(ox * d.g.stride_w + j * d.g.dilation_w) -
                             static_cast<long>(d.g.pad_left);
             if (ix < 0 || ix >= static_cast<long>(d.w)) continue;
-            plane[static_cast<std::size_t>(iy) * d.w + static_cast<std::size_t>(ix)] += row[oy * d.ow + ox];
+            plane[static_cast<std::size_t>(iy) * d.w + static_cast<std::size_t>(ix)] +=
+                row[oy * d.ow + ox];
           }
         }
       }
@@ -161,9 +163,11 @@ void for_each_window(const Op& op, const Shape& in, const Shape& out, F&& f) {
   const std::size_t planes = in[0] * in[1], h = in[2], w = in[3], oh = out[2], ow = out[3];
   for (std::size_t pl = 0; pl < planes; ++pl)
     for (std::size_t oy = 0; oy < oh; ++oy) {
-      const Window wy = window(oy, h, oh, g.kernel_h, g.stride_h, g.pad_h, g.adaptive, g.count_include_pad);
+      const Window wy =
+          window(oy, h, oh, g.kernel_h, g.stride_h, g.pad_h, g.adaptive, g.count_include_pad);
       for (std::size_t ox = 0; ox < ow; ++ox) {
-        const Window wx = window(ox, w, ow, g.kernel_w, g.stride_w, g.pad_w, g.adaptive, g.count_include_pad);
+        const Window wx =
+            window(ox, w, ow, g.kernel_w, g.stride_w, g.pad_w, g.adaptive, g.count_include_pad);
         f(pl * h * w, (pl * oh + oy) * ow + ox, wy, wx);
       }
     }
@@ -205,7 +209,8 @@ void avg_pool2d(const Op& op, const Buffer& x, Buffer& out) {
                   [&](std::size_t plane, std::size_t o, const Window& wy, const Window& wx) {
                     double s = 0;
                     for (std::size_t y = wy.begin; y < wy.end; ++y)
-                      for (std::size_t xx = wx.begin; xx < wx.end; ++xx) s += x.f[plane + y * w + xx];
+                      for (std::size_t xx = wx.begin; xx < wx.end; ++xx)
+                        s += x.f[plane + y * w + xx];
                     out.f[o] = static_cast<float>(s / static_cast<double>(wy.divisor * wx.divisor));
                   });
 }
@@ -216,7 +221,8 @@ void avg_pool2d_grad(const Op& op, const Buffer& dy, Buffer& out) {
                   [&](std::size_t plane, std::size_t o, const Window& wy, const Window& wx) {
                     const float g = dy.f[o] / static_cast<float>(wy.divisor * wx.divisor);
                     for (std::size_t y = wy.begin; y < wy.end; ++y)
-                      for (std::size_t xx = wx.begin; xx < wx.end; ++xx) out.f[plane + y * w + xx] += g;
+                      for (std::size_t xx = wx.begin; xx < wx.end; ++xx)
+                        out.f[plane + y * w + xx] += g;
                   });
 }
 
@@ -326,7 +332,8 @@ void batch_norm_stats_update(const Op& op, const Buffer& x, Buffer& mean, Buffer
   const double m = op.r("momentum");
   for (std::size_t s = 0; s < l.stats; ++s) {
     const auto [mu, v] = moments(l, x.f.data(), s);
-    const double unbiased = l.count > 1 ? v * static_cast<double>(l.count) / static_cast<double>(l.count - 1) : v;
+    const double unbiased =
+        l.count > 1 ? v * static_cast<double>(l.count) / static_cast<double>(l.count - 1) : v;
     mean.f[s] = static_cast<float>((1 - m) * mean.f[s] + m * mu);
     var.f[s] = static_cast<float>((1 - m) * var.f[s] + m * unbiased);
   }

@@ -67,7 +67,8 @@ void vq_ema_update(const Op& op, const Buffer& z, const Buffer& indices, Buffer&
   // never chosen keep their initial value instead of collapsing to the origin.
   for (std::size_t c = 0; c < k; ++c) {
     if (cluster_size.f[c] <= 0.f) continue;
-    const double smoothed = (cluster_size.f[c] + eps) / (total + static_cast<double>(k) * eps) * total;
+    const double smoothed =
+        (cluster_size.f[c] + eps) / (total + static_cast<double>(k) * eps) * total;
     for (std::size_t j = 0; j < d; ++j)
       codebook.f[c * d + j] = static_cast<float>(embed_sum.f[c * d + j] / smoothed);
   }
@@ -118,7 +119,8 @@ void clip_factor(const Op& op, const Buffer& norm, Buffer& out) {
 
 void sgd_momentum_step(const Op& op, Buffer& param, const Buffer& grad, Buffer& velocity,
                        const Buffer& lr) {
-  const float mu = static_cast<float>(op.r("momentum")), wd = static_cast<float>(op.r("weight_decay"));
+  const float mu = static_cast<float>(op.r("momentum")),
+              wd = static_cast<float>(op.r("weight_decay"));
   const bool nesterov = op.i("nesterov") != 0;
   const float rate = lr.f[0];
   for (std::size_t i = 0; i < param.f.size(); ++i) {
@@ -155,7 +157,8 @@ void adam_step(const Op& op, Buffer& param, const Buffer& grad, Buffer& m, Buffe
     for (std::size_t i = 0; i < g.size(); ++i) g[i] += wd * param.f[i];
   }
   const auto [bc1, bc2] = update_moments(op, grad, m, v, g, step);
-  const float step_size = static_cast<float>(rate / bc1), bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  const float step_size = static_cast<float>(rate / bc1),
+              bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   for (std::size_t i = 0; i < param.f.size(); ++i)
     param.f[i] -= step_size * m.f[i] / (std::sqrt(v.f[i]) / bc2_sqrt + eps);
 }

@@ -56,22 +56,36 @@ void for_each_index(const Shape& shape, const std::vector<std::size_t>& sa,
 constexpr double kSqrt1_2 = 0.70710678118654752440;
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;
 
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double sigmoid(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
 
 double unary_value(UnaryFn fn, double x, double alpha) {
   switch (fn) {
-    case UnaryFn::gelu: return 0.5 * x * (1.0 + std::erf(x * kSqrt1_2));
-    case UnaryFn::silu: return x * sigmoid(x);
-    case UnaryFn::sigmoid: return sigmoid(x);
-    case UnaryFn::tanh: return std::tanh(x);
-    case UnaryFn::leaky_relu: return x > 0 ? x : alpha * x;
-    case UnaryFn::sqrt: return std::sqrt(x);
-    case UnaryFn::rsqrt: return 1.0 / std::sqrt(x);
-    case UnaryFn::exp: return std::exp(x);
-    case UnaryFn::log: return std::log(x);
-    case UnaryFn::square: return x * x;
-    case UnaryFn::abs: return std::abs(x);
-    case UnaryFn::neg: return -x;
+    case UnaryFn::gelu:
+      return 0.5 * x * (1.0 + std::erf(x * kSqrt1_2));
+    case UnaryFn::silu:
+      return x * sigmoid(x);
+    case UnaryFn::sigmoid:
+      return sigmoid(x);
+    case UnaryFn::tanh:
+      return std::tanh(x);
+    case UnaryFn::leaky_relu:
+      return x > 0 ? x : alpha * x;
+    case UnaryFn::sqrt:
+      return std::sqrt(x);
+    case UnaryFn::rsqrt:
+      return 1.0 / std::sqrt(x);
+    case UnaryFn::exp:
+      return std::exp(x);
+    case UnaryFn::log:
+      return std::log(x);
+    case UnaryFn::square:
+      return x * x;
+    case UnaryFn::abs:
+      return std::abs(x);
+    case UnaryFn::neg:
+      return -x;
   }
   return 0;
 }
@@ -93,14 +107,22 @@ double unary_derivative(UnaryFn fn, double x, double alpha) {
       const double t = std::tanh(x);
       return 1.0 - t * t;
     }
-    case UnaryFn::leaky_relu: return x > 0 ? 1.0 : alpha;
-    case UnaryFn::sqrt: return 0.5 / std::sqrt(x);
-    case UnaryFn::rsqrt: return -0.5 / (x * std::sqrt(x));
-    case UnaryFn::exp: return std::exp(x);
-    case UnaryFn::log: return 1.0 / x;
-    case UnaryFn::square: return 2.0 * x;
-    case UnaryFn::abs: return x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0);
-    case UnaryFn::neg: return -1.0;
+    case UnaryFn::leaky_relu:
+      return x > 0 ? 1.0 : alpha;
+    case UnaryFn::sqrt:
+      return 0.5 / std::sqrt(x);
+    case UnaryFn::rsqrt:
+      return -0.5 / (x * std::sqrt(x));
+    case UnaryFn::exp:
+      return std::exp(x);
+    case UnaryFn::log:
+      return 1.0 / x;
+    case UnaryFn::square:
+      return 2.0 * x;
+    case UnaryFn::abs:
+      return x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0);
+    case UnaryFn::neg:
+      return -1.0;
   }
   return 0;
 }
@@ -129,16 +151,20 @@ void binary(const Op& op, const Buffer& a, const Buffer& b, Buffer& out) {
   float* po = out.f.data();
   switch (fn) {
     case BinaryFn::add:
-      for_each_index(s, sa, sb, [&](std::size_t o, std::size_t i, std::size_t j) { po[o] = pa[i] + pb[j]; });
+      for_each_index(s, sa, sb,
+                     [&](std::size_t o, std::size_t i, std::size_t j) { po[o] = pa[i] + pb[j]; });
       break;
     case BinaryFn::sub:
-      for_each_index(s, sa, sb, [&](std::size_t o, std::size_t i, std::size_t j) { po[o] = pa[i] - pb[j]; });
+      for_each_index(s, sa, sb,
+                     [&](std::size_t o, std::size_t i, std::size_t j) { po[o] = pa[i] - pb[j]; });
       break;
     case BinaryFn::mul:
-      for_each_index(s, sa, sb, [&](std::size_t o, std::size_t i, std::size_t j) { po[o] = pa[i] * pb[j]; });
+      for_each_index(s, sa, sb,
+                     [&](std::size_t o, std::size_t i, std::size_t j) { po[o] = pa[i] * pb[j]; });
       break;
     case BinaryFn::div:
-      for_each_index(s, sa, sb, [&](std::size_t o, std::size_t i, std::size_t j) { po[o] = pa[i] / pb[j]; });
+      for_each_index(s, sa, sb,
+                     [&](std::size_t o, std::size_t i, std::size_t j) { po[o] = pa[i] / pb[j]; });
       break;
   }
 }
@@ -171,7 +197,8 @@ void permute(const Op& op, const Buffer& x, Buffer& out) {
   const auto& perm = op.list("perm");
   const auto in_strides = strides_of(x.info.shape);
   std::vector<std::size_t> sa(perm.size());
-  for (std::size_t i = 0; i < perm.size(); ++i) sa[i] = in_strides[static_cast<std::size_t>(perm[i])];
+  for (std::size_t i = 0; i < perm.size(); ++i)
+    sa[i] = in_strides[static_cast<std::size_t>(perm[i])];
   const std::vector<std::size_t> zero(perm.size(), 0);
   if (x.info.dtype == DType::f32)
     for_each_index(out.info.shape, sa, zero,
@@ -188,7 +215,8 @@ struct AxisSplit {
 };
 AxisSplit split_at(const Shape& s, std::size_t axis) {
   AxisSplit a;
-  for (std::size_t d = 0; d < s.size(); ++d) (d < axis ? a.outer : d == axis ? a.len : a.inner) *= s[d];
+  for (std::size_t d = 0; d < s.size(); ++d)
+    (d < axis ? a.outer : d == axis ? a.len : a.inner) *= s[d];
   return a;
 }
 
@@ -209,7 +237,8 @@ void slice_copy(const Buffer& from, Buffer& to, std::size_t axis, std::size_t be
   const std::size_t block = s.len * s.inner;
   for (std::size_t o = 0; o < b.outer; ++o) {
     const std::size_t big_off = (o * b.len + begin) * b.inner, small_off = o * block;
-    const std::size_t src = from_is_big ? big_off : small_off, dst = from_is_big ? small_off : big_off;
+    const std::size_t src = from_is_big ? big_off : small_off,
+                      dst = from_is_big ? small_off : big_off;
     if (from.info.dtype == DType::f32)
       copy_block(from.f, src, to.f, dst, block);
     else
@@ -219,8 +248,8 @@ void slice_copy(const Buffer& from, Buffer& to, std::size_t axis, std::size_t be
 }  // namespace
 
 void slice(const Op& op, const Buffer& x, Buffer& out) {
-  slice_copy(x, out, static_cast<std::size_t>(op.i("axis")), static_cast<std::size_t>(op.i("begin")),
-             true);
+  slice_copy(x, out, static_cast<std::size_t>(op.i("axis")),
+             static_cast<std::size_t>(op.i("begin")), true);
 }
 
 void slice_grad(const Op& op, const Buffer& dy, Buffer& out) {
@@ -274,7 +303,8 @@ void softmax_grad(const Buffer& dy, const Buffer& y, Buffer& out) {
   const std::size_t n = y.info.shape.back(), rows = n ? y.f.size() / n : 0;
   for (std::size_t r = 0; r < rows; ++r) {
     double dot = 0;
-    for (std::size_t c = 0; c < n; ++c) dot += static_cast<double>(dy.f[r * n + c]) * y.f[r * n + c];
+    for (std::size_t c = 0; c < n; ++c)
+      dot += static_cast<double>(dy.f[r * n + c]) * y.f[r * n + c];
     for (std::size_t c = 0; c < n; ++c)
       out.f[r * n + c] = static_cast<float>(y.f[r * n + c] * (dy.f[r * n + c] - dot));
   }
@@ -299,7 +329,8 @@ void scatter_add_rows(const Op& op, const Buffer& dy, const Buffer& indices, Buf
     if (k < 0 || static_cast<std::size_t>(k) >= rows)
       throw IrError(std::string(op_name(op.kind)) + " '" + op.name + "': index " +
                     std::to_string(k) + " is outside [0, " + std::to_string(rows) + ")");
-    for (std::size_t c = 0; c < d; ++c) out.f[static_cast<std::size_t>(k) * d + c] += dy.f[i * d + c];
+    for (std::size_t c = 0; c < d; ++c)
+      out.f[static_cast<std::size_t>(k) * d + c] += dy.f[i * d + c];
   }
 }
 

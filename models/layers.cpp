@@ -38,12 +38,16 @@ ValueId Builder::state(const std::string& leaf, Shape shape, InitKind init, doub
   return s;
 }
 
-ValueId Builder::scalar(double value) { return graph_.constant(name("const"), {DType::f32, {}}, value); }
+ValueId Builder::scalar(double value) {
+  return graph_.constant(name("const"), {DType::f32, {}}, value);
+}
 
 namespace nn {
 namespace {
 
-double fan_in_bound(std::size_t fan_in) { return 1.0 / std::sqrt(static_cast<double>(fan_in)); }
+double fan_in_bound(std::size_t fan_in) {
+  return 1.0 / std::sqrt(static_cast<double>(fan_in));
+}
 
 // x [n, c, ...] + per-channel vector v [c] (reshaped to [1, c, 1, ...]).
 ValueId channel_op(Builder& b, BinaryFn fn, ValueId x, ValueId v) {
@@ -97,7 +101,9 @@ ValueId conv2d(Builder& b, ValueId x, const Conv2dOptions& o, const std::string&
                   std::to_string(o.stride));
   geo.groups = o.groups;
   ValueId y = g.conv2d(x, w, geo, b.name("conv"));
-  if (o.bias) y = channel_op(b, BinaryFn::add, y, b.param("bias", {o.out_channels}, InitKind::uniform, bound));
+  if (o.bias)
+    y = channel_op(b, BinaryFn::add, y,
+                   b.param("bias", {o.out_channels}, InitKind::uniform, bound));
   return y;
 }
 
@@ -155,7 +161,8 @@ ValueId gdn(Builder& b, ValueId x, bool inverse, const std::string& name) {
   const ValueId beta = b.param("beta", {c}, InitKind::fill, 1.0);
   const ValueId gamma = b.param("gamma", {c, c}, InitKind::eye, 0.1);
   const ValueId sq = g.unary(UnaryFn::square, x, b.name("square"));
-  const ValueId mixed = g.conv2d(sq, g.reshape(gamma, {c, c, 1, 1}), Conv2dGeometry{}, b.name("mix"));
+  const ValueId mixed =
+      g.conv2d(sq, g.reshape(gamma, {c, c, 1, 1}), Conv2dGeometry{}, b.name("mix"));
   const ValueId norm = channel_op(b, BinaryFn::add, mixed, beta);
   const ValueId scale = g.unary(inverse ? UnaryFn::sqrt : UnaryFn::rsqrt, norm, b.name("root"));
   return g.binary(BinaryFn::mul, x, scale, b.name("apply"));
@@ -170,12 +177,18 @@ ValueId relu(Builder& b, ValueId x) {
   const ValueId flat = g.reshape(x, {g.info(x).elements() / n, n}, b.name("relu_in"));
   return g.reshape(g.relu(flat, b.name("relu")), s, b.name("relu_out"));
 }
-ValueId gelu(Builder& b, ValueId x) { return b.graph().unary(UnaryFn::gelu, x, b.name("gelu")); }
-ValueId silu(Builder& b, ValueId x) { return b.graph().unary(UnaryFn::silu, x, b.name("silu")); }
+ValueId gelu(Builder& b, ValueId x) {
+  return b.graph().unary(UnaryFn::gelu, x, b.name("gelu"));
+}
+ValueId silu(Builder& b, ValueId x) {
+  return b.graph().unary(UnaryFn::silu, x, b.name("silu"));
+}
 ValueId sigmoid(Builder& b, ValueId x) {
   return b.graph().unary(UnaryFn::sigmoid, x, b.name("sigmoid"));
 }
-ValueId tanh(Builder& b, ValueId x) { return b.graph().unary(UnaryFn::tanh, x, b.name("tanh")); }
+ValueId tanh(Builder& b, ValueId x) {
+  return b.graph().unary(UnaryFn::tanh, x, b.name("tanh"));
+}
 ValueId leaky_relu(Builder& b, ValueId x, double slope) {
   return b.graph().unary(UnaryFn::leaky_relu, x, b.name("leaky_relu"), slope);
 }
@@ -227,7 +240,8 @@ ValueId pixel_shuffle(Builder& b, ValueId x, std::size_t r) {
   return g.reshape(y, {s[0], c, s[2] * r, s[3] * r}, b.name("pixel_shuffle_join"));
 }
 
-ValueId multi_head_self_attention(Builder& b, ValueId x, std::size_t heads, const std::string& name) {
+ValueId multi_head_self_attention(Builder& b, ValueId x, std::size_t heads,
+                                  const std::string& name) {
   Scope s(b, name);
   Graph& g = b.graph();
   const Shape xs = g.info(x).shape;
@@ -239,7 +253,8 @@ ValueId multi_head_self_attention(Builder& b, ValueId x, std::size_t heads, cons
   qkv = g.reshape(qkv, {n, t, 3, heads, dh}, b.name("split_heads"));
   qkv = g.permute(qkv, {2, 0, 3, 1, 4}, b.name("heads_first"));  // [3, n, h, t, dh]
   const auto part = [&](std::size_t k, const char* what) {
-    return g.reshape(g.slice(qkv, 0, k, k + 1, b.name(what)), {n, heads, t, dh}, b.name(std::string(what) + "_view"));
+    return g.reshape(g.slice(qkv, 0, k, k + 1, b.name(what)), {n, heads, t, dh},
+                     b.name(std::string(what) + "_view"));
   };
   const ValueId q = part(0, "q"), k = part(1, "k"), v = part(2, "v");
   ValueId scores = g.batch_matmul(q, k, false, true, b.name("scores"));
@@ -293,27 +308,32 @@ Quantized vector_quantizer(Builder& b, ValueId z, std::size_t codes, double deca
   Graph& g = b.graph();
   const Shape zs = g.info(z).shape;
   if (zs.size() != 4)
-    throw IrError("vector_quantizer '" + b.name("") + "': input must be [n, d, h, w], got " + g.info(z).str());
+    throw IrError("vector_quantizer '" + b.name("") + "': input must be [n, d, h, w], got " +
+                  g.info(z).str());
   const std::size_t n = zs[0], d = zs[1], h = zs[2], w = zs[3], rows = n * h * w;
-  const ValueId codebook = b.state("codebook", {codes, d}, InitKind::uniform, 1.0 / static_cast<double>(codes));
-  const ValueId flat = g.reshape(g.permute(z, {0, 2, 3, 1}, b.name("channels_last")), {rows, d},
-                                 b.name("rows"));
+  const ValueId codebook =
+      b.state("codebook", {codes, d}, InitKind::uniform, 1.0 / static_cast<double>(codes));
+  const ValueId flat =
+      g.reshape(g.permute(z, {0, 2, 3, 1}, b.name("channels_last")), {rows, d}, b.name("rows"));
   Quantized out;
   out.indices = g.vq_nearest(flat, codebook, b.name("nearest"));
   const ValueId q_rows = g.gather_rows(codebook, out.indices, b.name("lookup"));
   if (b.training()) {
     const ValueId cluster = b.state("cluster_size", {codes}, InitKind::fill, 0.0);
     const ValueId embed_sum = b.state("embed_sum", {codes, d}, InitKind::fill, 0.0);
-    g.vq_ema_update(flat, out.indices, codebook, cluster, embed_sum, decay, 1e-5, b.name("ema_update"));
+    g.vq_ema_update(flat, out.indices, codebook, cluster, embed_sum, decay, 1e-5,
+                    b.name("ema_update"));
   }
   const ValueId q = g.permute(g.reshape(q_rows, {n, h, w, d}, b.name("codes_view")), {0, 3, 1, 2},
                               b.name("codes"));
-  const ValueId diff = g.binary(BinaryFn::sub, z, g.stop_gradient(q, b.name("codes_fixed")), b.name("commit_diff"));
-  const ValueId mean_sq = g.reduce_mean(g.unary(UnaryFn::square, diff, b.name("commit_sq")), {0, 1, 2, 3}, false,
-                                        b.name("commit_mean"));
+  const ValueId diff =
+      g.binary(BinaryFn::sub, z, g.stop_gradient(q, b.name("codes_fixed")), b.name("commit_diff"));
+  const ValueId mean_sq = g.reduce_mean(g.unary(UnaryFn::square, diff, b.name("commit_sq")),
+                                        {0, 1, 2, 3}, false, b.name("commit_mean"));
   out.loss = g.binary(BinaryFn::mul, mean_sq, b.scalar(commitment), b.name("commitment_loss"));
   // Straight-through: z + sg(q - z) equals q forward and passes the gradient to z unchanged.
-  const ValueId delta = g.stop_gradient(g.binary(BinaryFn::sub, q, z, b.name("st_delta")), b.name("st_fixed"));
+  const ValueId delta =
+      g.stop_gradient(g.binary(BinaryFn::sub, q, z, b.name("st_delta")), b.name("st_fixed"));
   out.quantized = g.binary(BinaryFn::add, z, delta, b.name("straight_through"));
   return out;
 }
@@ -328,8 +348,8 @@ std::vector<std::size_t> all_axes(const Graph& g, ValueId x) {
 
 ValueId mse_loss(Builder& b, ValueId pred, ValueId target, ValueId mask) {
   Graph& g = b.graph();
-  const ValueId sq = g.unary(UnaryFn::square, g.binary(BinaryFn::sub, pred, target, b.name("mse_diff")),
-                             b.name("mse_sq"));
+  const ValueId sq = g.unary(
+      UnaryFn::square, g.binary(BinaryFn::sub, pred, target, b.name("mse_diff")), b.name("mse_sq"));
   if (mask < 0) return g.reduce_mean(sq, all_axes(g, sq), false, b.name("mse"));
   const ValueId masked = g.binary(BinaryFn::mul, sq, mask, b.name("mse_masked"));
   const ValueId total = g.reduce_sum(masked, all_axes(g, masked), false, 1.0, b.name("mse_sum"));
@@ -350,7 +370,8 @@ ValueId cross_entropy(Builder& b, ValueId logits, ValueId labels) {
 
 ValueId lsgan_loss(Builder& b, ValueId pred, double target) {
   Graph& g = b.graph();
-  const ValueId sq = g.unary(UnaryFn::square, g.binary(BinaryFn::sub, pred, b.scalar(target), b.name("lsgan_diff")),
+  const ValueId sq = g.unary(UnaryFn::square,
+                             g.binary(BinaryFn::sub, pred, b.scalar(target), b.name("lsgan_diff")),
                              b.name("lsgan_sq"));
   return g.reduce_mean(sq, all_axes(g, sq), false, b.name("lsgan"));
 }

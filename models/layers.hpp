@@ -58,7 +58,8 @@ class Scope {
 namespace nn {
 
 // Linear over the last axis: weight [out, in], bias [out].
-ValueId linear(Builder& b, ValueId x, std::size_t out, bool bias = true, const std::string& name = "");
+ValueId linear(Builder& b, ValueId x, std::size_t out, bool bias = true,
+               const std::string& name = "");
 
 struct Conv2dOptions {
   std::size_t out_channels = 0;
@@ -100,7 +101,8 @@ ValueId avg_pool2d(Builder& b, ValueId x, std::size_t kernel, std::size_t stride
 ValueId adaptive_avg_pool2d(Builder& b, ValueId x, std::size_t out_h, std::size_t out_w);
 
 // Squeeze-and-excitation: global pool, 1x1 conv to `squeeze` + SiLU, 1x1 conv back + sigmoid gate.
-ValueId squeeze_excitation(Builder& b, ValueId x, std::size_t squeeze, const std::string& name = "");
+ValueId squeeze_excitation(Builder& b, ValueId x, std::size_t squeeze,
+                           const std::string& name = "");
 // [n, c*r*r, h, w] -> [n, c, h*r, w*r], like torch.nn.PixelShuffle.
 ValueId pixel_shuffle(Builder& b, ValueId x, std::size_t r);
 // Self-attention on [n, t, d]: qkv Linear(d, 3d) (q, k, v blocks, heads contiguous), softmax

@@ -8,11 +8,16 @@ namespace ipupod::models {
 
 const char* optimizer_name(OptimizerKind kind) {
   switch (kind) {
-    case OptimizerKind::sgd: return "sgd";
-    case OptimizerKind::sgd_momentum: return "sgd_momentum";
-    case OptimizerKind::adam: return "adam";
-    case OptimizerKind::adamw: return "adamw";
-    case OptimizerKind::lamb: return "lamb";
+    case OptimizerKind::sgd:
+      return "sgd";
+    case OptimizerKind::sgd_momentum:
+      return "sgd_momentum";
+    case OptimizerKind::adam:
+      return "adam";
+    case OptimizerKind::adamw:
+      return "adamw";
+    case OptimizerKind::lamb:
+      return "lamb";
   }
   return "?";
 }
@@ -31,8 +36,8 @@ void build_optimizer(Graph& g, const std::map<ValueId, ValueId>& gradients, doub
     throw std::invalid_argument("loss scale must be positive, got " + std::to_string(o.loss_scale));
   g.set_phase(Phase::optimizer);
   const bool plain = o.kind == OptimizerKind::sgd && o.schedule.kind == ScheduleKind::constant &&
-                     o.schedule.warmup_steps == 0 && o.clip_global_norm == 0 &&
-                     o.loss_scale == 1 && o.weight_decay == 0;
+                     o.schedule.warmup_steps == 0 && o.clip_global_norm == 0 && o.loss_scale == 1 &&
+                     o.weight_decay == 0;
   if (plain) {
     for (auto [param, grad] : gradients) {
       g.set_stage(g.producer(param).pipeline_stage);
@@ -66,9 +71,11 @@ void build_optimizer(Graph& g, const std::map<ValueId, ValueId>& gradients, doub
     if (o.clip_global_norm > 0) {
       std::vector<ValueId> grads;
       for (auto [p, d] : gradients) grads.push_back(d);
-      norm = g.derived(OpKind::global_norm, "optimizer/global_norm", grads, TensorInfo{DType::f32, {}});
+      norm = g.derived(OpKind::global_norm, "optimizer/global_norm", grads,
+                       TensorInfo{DType::f32, {}});
     }
-    factor = g.derived(OpKind::clip_factor, "optimizer/grad_factor", {norm}, TensorInfo{DType::f32, {}}, ca);
+    factor = g.derived(OpKind::clip_factor, "optimizer/grad_factor", {norm},
+                       TensorInfo{DType::f32, {}}, ca);
   }
 
   for (auto [param, grad] : gradients) {
@@ -84,7 +91,8 @@ void build_optimizer(Graph& g, const std::map<ValueId, ValueId>& gradients, doub
         a.reals["momentum"] = o.kind == OptimizerKind::sgd ? 0.0 : o.momentum;
         a.ints["nesterov"] = o.nesterov;
         const ValueId velocity = g.state(n + "/velocity", info, InitKind::fill, 0.0);
-        g.derived(OpKind::sgd_momentum_step, n + "/sgd", {param, d, velocity, rate}, std::nullopt, a);
+        g.derived(OpKind::sgd_momentum_step, n + "/sgd", {param, d, velocity, rate}, std::nullopt,
+                  a);
         break;
       }
       case OptimizerKind::adam:
@@ -97,7 +105,8 @@ void build_optimizer(Graph& g, const std::map<ValueId, ValueId>& gradients, doub
         const ValueId m = g.state(n + "/exp_avg", info, InitKind::fill, 0.0);
         const ValueId v = g.state(n + "/exp_avg_sq", info, InitKind::fill, 0.0);
         const OpKind k = o.kind == OptimizerKind::lamb ? OpKind::lamb_step : OpKind::adam_step;
-        g.derived(k, n + "/" + optimizer_name(o.kind), {param, d, m, v, rate, step}, std::nullopt, a);
+        g.derived(k, n + "/" + optimizer_name(o.kind), {param, d, m, v, rate, step}, std::nullopt,
+                  a);
         break;
       }
     }

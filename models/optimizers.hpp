@@ -30,7 +30,7 @@ struct OptimizerOptions {
   double momentum = 0.9;  // sgd_momentum
   bool nesterov = false;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw, lamb
-  double weight_decay = 0;  // L2 for sgd/adam, decoupled for adamw and lamb
+  double weight_decay = 0;                        // L2 for sgd/adam, decoupled for adamw and lamb
   LrSchedule schedule;
   double clip_global_norm = 0;  // 0: no clipping
   double loss_scale = 1;        // the backward pass was seeded with this; updates divide it out

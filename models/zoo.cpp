@@ -57,21 +57,27 @@ std::string Model::summary() const {
 
 const std::vector<ZooEntry>& zoo() {
   static const std::vector<ZooEntry> entries = {
-      {"mlp", "multi-layer perceptron classifier: flatten, Linear+ReLU per hidden width, Linear; "
-              "softmax cross-entropy; SGD"},
-      {"cnn", "small CNN for Fashion-MNIST: 2 x (3x3 conv, BatchNorm, ReLU, 2x2 max pool), "
-              "Linear 128 + ReLU, dropout, Linear; cross-entropy"},
-      {"resnet50", "ResNet-50 v1.5 classifier (bottlenecks 3-4-6-3); cross-entropy; "
-                   "split evenly over its 16 blocks"},
-      {"efficientnetv2_s", "EfficientNetV2-S conductivity regressor (3x256x256 -> 1 float): "
-                           "Fused/MBConv stages, SE, stochastic depth, L1 loss; AdamW in the "
-                           "paper; split [6,2], [5,1,1,1], [1]*8"},
-      {"hae", "hierarchical VQ autoencoder for 1x64x64 climate patches: GDN DownResBlocks, two "
-              "EMA vector quantisers (256 codes), inverse-GDN decoder; 3 x masked MSE + VQ "
-              "losses (labels = mask)"},
-      {"transcyclegan", "transformer CycleGAN for x4 super-resolution on 3x64x64 (input: "
-                        "bicubic-upsampled LR, labels: HR): 2 generators, 2 multi-scale "
-                        "discriminators; LSGAN + 10 x cycle L1"},
+      {"mlp",
+       "multi-layer perceptron classifier: flatten, Linear+ReLU per hidden width, Linear; "
+       "softmax cross-entropy; SGD"},
+      {"cnn",
+       "small CNN for Fashion-MNIST: 2 x (3x3 conv, BatchNorm, ReLU, 2x2 max pool), "
+       "Linear 128 + ReLU, dropout, Linear; cross-entropy"},
+      {"resnet50",
+       "ResNet-50 v1.5 classifier (bottlenecks 3-4-6-3); cross-entropy; "
+       "split evenly over its 16 blocks"},
+      {"efficientnetv2_s",
+       "EfficientNetV2-S conductivity regressor (3x256x256 -> 1 float): "
+       "Fused/MBConv stages, SE, stochastic depth, L1 loss; AdamW in the "
+       "paper; split [6,2], [5,1,1,1], [1]*8"},
+      {"hae",
+       "hierarchical VQ autoencoder for 1x64x64 climate patches: GDN DownResBlocks, two "
+       "EMA vector quantisers (256 codes), inverse-GDN decoder; 3 x masked MSE + VQ "
+       "losses (labels = mask)"},
+      {"transcyclegan",
+       "transformer CycleGAN for x4 super-resolution on 3x64x64 (input: "
+       "bicubic-upsampled LR, labels: HR): 2 generators, 2 multi-scale "
+       "discriminators; LSGAN + 10 x cycle L1"},
   };
   return entries;
 }
@@ -90,7 +96,8 @@ int even_stage(std::size_t i, std::size_t units, std::size_t stages) {
 
 Model build_model(const std::string& name, const ModelOptions& options) {
   if (options.micro_batch == 0) throw std::invalid_argument("micro-batch must be at least 1");
-  if (options.pipeline_stages == 0) throw std::invalid_argument("pipeline stages must be at least 1");
+  if (options.pipeline_stages == 0)
+    throw std::invalid_argument("pipeline stages must be at least 1");
   if (options.width <= 0 || options.depth <= 0)
     throw std::invalid_argument("width and depth multipliers must be positive");
   using Build = void (*)(Model&, Builder&, const ModelOptions&);

@@ -19,10 +19,10 @@ struct ModelOptions {
   std::size_t classes = 10;
   std::vector<std::size_t> hidden = {128};  // mlp: widths of the hidden layers
   double learning_rate = 0.05;
-  OptimizerOptions optimizer;  // default: plain SGD at learning_rate
-  bool training = true;        // false: eval-mode BatchNorm, no dropout, no EMA updates
-  double width = 1.0;          // channel / embedding width multiplier (small test configs)
-  double depth = 1.0;          // block repeat multiplier
+  OptimizerOptions optimizer;       // default: plain SGD at learning_rate
+  bool training = true;             // false: eval-mode BatchNorm, no dropout, no EMA updates
+  double width = 1.0;               // channel / embedding width multiplier (small test configs)
+  double depth = 1.0;               // block repeat multiplier
   std::size_t pipeline_stages = 1;  // how many stages the model's split marks divide it into
   std::uint64_t seed = 0;           // dropout / stochastic-depth streams
 };
@@ -31,10 +31,10 @@ struct Model {
   std::string name;
   Graph graph;
   ValueId input = -1, labels = -1, logits = -1, loss = -1;
-  std::map<ValueId, ValueId> gradients;  // parameter -> its gradient
+  std::map<ValueId, ValueId> gradients;    // parameter -> its gradient
   std::map<std::string, ValueId> metrics;  // extra scalars worth reporting (e.g. "vq_loss")
   std::size_t parameter_count() const;
-  std::string summary() const;          // layer table, parameter count, split points
+  std::string summary() const;  // layer table, parameter count, split points
 };
 
 struct ZooEntry {

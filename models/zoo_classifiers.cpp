@@ -39,7 +39,8 @@ void build_mlp(Model& m, Builder&, const ModelOptions& o) {
   m.labels = g.input("labels", {DType::i32, {o.micro_batch}});
   ValueId x = g.reshape(m.input, {o.micro_batch, features}, "flatten");
   for (std::size_t i = 0; i < o.hidden.size(); ++i)
-    x = g.relu(linear_in_out(g, x, o.hidden[i], "fc" + std::to_string(i)), "relu" + std::to_string(i));
+    x = g.relu(linear_in_out(g, x, o.hidden[i], "fc" + std::to_string(i)),
+               "relu" + std::to_string(i));
   m.logits = linear_in_out(g, x, o.classes, "head");
   m.loss = g.softmax_cross_entropy(m.logits, m.labels, "loss");
 }
@@ -49,16 +50,19 @@ void build_cnn(Model& m, Builder& b, const ModelOptions& o) {
   const Shape sample = sample_shape_or(o, {1, 28, 28});
   expect_image("cnn", sample);
   if (sample[1] % 4 != 0 || sample[2] % 4 != 0)
-    throw std::invalid_argument("cnn needs height and width divisible by 4, got " + shape_str(sample));
+    throw std::invalid_argument("cnn needs height and width divisible by 4, got " +
+                                shape_str(sample));
   image_input(m, g, o, sample);
   m.labels = g.input("labels", {DType::i32, {o.micro_batch}});
-  const std::size_t c1 = scaled(32, o.width), c2 = scaled(64, o.width), hidden = scaled(128, o.width);
+  const std::size_t c1 = scaled(32, o.width), c2 = scaled(64, o.width),
+                    hidden = scaled(128, o.width);
   ValueId x = m.input;
   std::size_t channels[2] = {c1, c2};
   for (int i = 0; i < 2; ++i) {
     Scope s(b, "features" + std::to_string(i));
     g.set_stage(even_stage(static_cast<std::size_t>(i), 3, o.pipeline_stages));
-    x = nn::conv2d(b, x, {.out_channels = channels[i], .kernel = 3, .padding = 1, .bias = false}, "conv");
+    x = nn::conv2d(b, x, {.out_channels = channels[i], .kernel = 3, .padding = 1, .bias = false},
+                   "conv");
     x = nn::relu(b, nn::batch_norm2d(b, x, 1e-5, 0.1, "bn"));
     x = nn::max_pool2d(b, x, 2, 2);
   }
@@ -77,13 +81,16 @@ ValueId bottleneck(Builder& b, ValueId x, std::size_t width, std::size_t stride,
   const std::size_t out = width * 4;
   ValueId h = nn::conv2d(b, x, {.out_channels = width, .kernel = 1, .bias = false}, "conv1");
   h = nn::relu(b, nn::batch_norm2d(b, h, 1e-5, 0.1, "bn1"));
-  h = nn::conv2d(b, h, {.out_channels = width, .kernel = 3, .stride = stride, .padding = 1, .bias = false}, "conv2");
+  h = nn::conv2d(
+      b, h, {.out_channels = width, .kernel = 3, .stride = stride, .padding = 1, .bias = false},
+      "conv2");
   h = nn::relu(b, nn::batch_norm2d(b, h, 1e-5, 0.1, "bn2"));
   h = nn::conv2d(b, h, {.out_channels = out, .kernel = 1, .bias = false}, "conv3");
   h = nn::batch_norm2d(b, h, 1e-5, 0.1, "bn3");
   ValueId shortcut = x;
   if (downsample) {
-    shortcut = nn::conv2d(b, x, {.out_channels = out, .kernel = 1, .stride = stride, .bias = false}, "downsample.0");
+    shortcut = nn::conv2d(b, x, {.out_channels = out, .kernel = 1, .stride = stride, .bias = false},
+                          "downsample.0");
     shortcut = nn::batch_norm2d(b, shortcut, 1e-5, 0.1, "downsample.1");
   }
   return nn::relu(b, g.binary(BinaryFn::add, h, shortcut, b.name("residual")));
@@ -97,10 +104,13 @@ void build_resnet50(Model& m, Builder& b, const ModelOptions& o) {
   image_input(m, g, o, sample);
   m.labels = g.input("labels", {DType::i32, {o.micro_batch}});
   const std::size_t base = scaled(64, o.width);
-  ValueId x = nn::conv2d(b, m.input, {.out_channels = base, .kernel = 7, .stride = 2, .padding = 3, .bias = false}, "conv1");
+  ValueId x = nn::conv2d(
+      b, m.input, {.out_channels = base, .kernel = 7, .stride = 2, .padding = 3, .bias = false},
+      "conv1");
   x = nn::relu(b, nn::batch_norm2d(b, x, 1e-5, 0.1, "bn1"));
   x = nn::max_pool2d(b, x, 3, 2, 1);
-  const std::size_t blocks[4] = {repeats(3, o.depth), repeats(4, o.depth), repeats(6, o.depth), repeats(3, o.depth)};
+  const std::size_t blocks[4] = {repeats(3, o.depth), repeats(4, o.depth), repeats(6, o.depth),
+                                 repeats(3, o.depth)};
   const std::size_t total = blocks[0] + blocks[1] + blocks[2] + blocks[3];
   std::size_t index = 0;
   for (std::size_t layer = 0; layer < 4; ++layer) {

@@ -12,16 +12,22 @@ struct StageSpec {
   std::size_t expansion, kernel, stride, in, out, repeats;
 };
 constexpr StageSpec kStages[] = {
-    {true, 1, 3, 1, 24, 24, 2},    {true, 4, 3, 2, 24, 48, 4},     {true, 4, 3, 2, 48, 64, 4},
-    {false, 4, 3, 2, 64, 128, 6},  {false, 6, 3, 1, 128, 160, 9},  {false, 6, 3, 2, 160, 256, 15},
+    {true, 1, 3, 1, 24, 24, 2},   {true, 4, 3, 2, 24, 48, 4},    {true, 4, 3, 2, 48, 64, 4},
+    {false, 4, 3, 2, 64, 128, 6}, {false, 6, 3, 1, 128, 160, 9}, {false, 6, 3, 2, 160, 256, 15},
 };
 constexpr double kBnEps = 1e-3;
 
 ValueId conv_bn(Builder& b, ValueId x, std::size_t out, std::size_t k, std::size_t stride,
                 std::size_t groups, bool act, const std::string& name) {
   Scope s(b, name);
-  x = nn::conv2d(b, x, {.out_channels = out, .kernel = k, .stride = stride, .padding = (k - 1) / 2,
-                        .groups = groups, .bias = false}, "0");
+  x = nn::conv2d(b, x,
+                 {.out_channels = out,
+                  .kernel = k,
+                  .stride = stride,
+                  .padding = (k - 1) / 2,
+                  .groups = groups,
+                  .bias = false},
+                 "0");
   x = nn::batch_norm2d(b, x, kBnEps, 0.1, "1");
   return act ? nn::silu(b, x) : x;
 }
@@ -55,13 +61,19 @@ ValueId block(Builder& b, ValueId x, const StageSpec& st, std::size_t in, std::s
 // Which of the 8 feature children (stem, 6 stages, head conv) sits on which stage.
 std::vector<int> feature_stages(std::size_t stages) {
   switch (stages) {
-    case 1: return {0, 0, 0, 0, 0, 0, 0, 0};
-    case 2: return {0, 0, 0, 0, 0, 0, 1, 1};  // [6, 2]
-    case 4: return {0, 0, 0, 0, 0, 1, 2, 3};  // [5, 1, 1, 1]
-    case 8: return {0, 1, 2, 3, 4, 5, 6, 7};  // [1] * 8
+    case 1:
+      return {0, 0, 0, 0, 0, 0, 0, 0};
+    case 2:
+      return {0, 0, 0, 0, 0, 0, 1, 1};  // [6, 2]
+    case 4:
+      return {0, 0, 0, 0, 0, 1, 2, 3};  // [5, 1, 1, 1]
+    case 8:
+      return {0, 1, 2, 3, 4, 5, 6, 7};  // [1] * 8
     default:
-      throw std::invalid_argument("efficientnetv2_s splits over 1, 2, 4 or 8 pipeline stages "
-                                  "(as in arXiv 2404.10730), got " + std::to_string(stages));
+      throw std::invalid_argument(
+          "efficientnetv2_s splits over 1, 2, 4 or 8 pipeline stages "
+          "(as in arXiv 2404.10730), got " +
+          std::to_string(stages));
   }
 }
 
@@ -71,7 +83,8 @@ void build_efficientnetv2_s(Model& m, Builder& b, const ModelOptions& o) {
   Graph& g = m.graph;
   const Shape sample = sample_shape_or(o, {3, 256, 256});
   if (sample.size() != 3)
-    throw std::invalid_argument("efficientnetv2_s takes [channels, height, width] samples, got " + shape_str(sample));
+    throw std::invalid_argument("efficientnetv2_s takes [channels, height, width] samples, got " +
+                                shape_str(sample));
   const std::vector<int> stage_of = feature_stages(o.pipeline_stages);
   Shape in_shape = {o.micro_batch};
   in_shape.insert(in_shape.end(), sample.begin(), sample.end());

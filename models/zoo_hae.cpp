@@ -43,7 +43,8 @@ void build_hae(Model& m, Builder& b, const ModelOptions& o) {
   if (sample.size() != 3 || sample[0] != 1 || sample[1] != sample[2] || sample[1] % 32 != 0)
     throw std::invalid_argument(
         "hae takes single-channel square patches whose side is a multiple of 32 ([1, 64, 64] "
-        "in the paper), got " + shape_str(sample) + "; pass an empty sample shape for the default");
+        "in the paper), got " +
+        shape_str(sample) + "; pass an empty sample shape for the default");
   const Shape shape = {o.micro_batch, 1, sample[1], sample[2]};
   m.input = g.input("input", {DType::f32, shape});
   m.labels = g.input("mask", {DType::f32, shape});  // 1 where the field is valid (not land)
@@ -54,7 +55,8 @@ void build_hae(Model& m, Builder& b, const ModelOptions& o) {
   ValueId x;
   {
     Scope s(b, "pre");
-    x = nn::gelu(b, nn::conv2d(b, m.input, {.out_channels = scaled(32, o.width), .kernel = 1}, "0"));
+    x = nn::gelu(b,
+                 nn::conv2d(b, m.input, {.out_channels = scaled(32, o.width), .kernel = 1}, "0"));
     x = nn::gelu(b, nn::conv2d(b, x, {.out_channels = c, .kernel = 4, .same = true}, "2"));
     x = nn::conv2d(b, x, {.out_channels = c, .kernel = 3, .padding = 1}, "4");
   }

@@ -25,7 +25,8 @@ inline std::size_t scaled(std::size_t channels, double width, std::size_t multip
   return std::max(c, std::max(minimum, multiple));
 }
 inline std::size_t repeats(std::size_t n, double depth) {
-  return std::max<std::size_t>(1, static_cast<std::size_t>(std::ceil(static_cast<double>(n) * depth)));
+  return std::max<std::size_t>(1,
+                               static_cast<std::size_t>(std::ceil(static_cast<double>(n) * depth)));
 }
 // The sample shape to use: the option if given, else the model's default.
 Shape sample_shape_or(const ModelOptions& o, Shape fallback);

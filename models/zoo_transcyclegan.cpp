@@ -33,7 +33,8 @@ ValueId add_positions(Builder& b, ValueId tokens, const std::string& name) {
   return b.graph().binary(BinaryFn::add, tokens, pos, b.name(name + "_add"));
 }
 
-ValueId blocks(Builder& b, ValueId x, std::size_t count, std::size_t heads, const std::string& name) {
+ValueId blocks(Builder& b, ValueId x, std::size_t count, std::size_t heads,
+               const std::string& name) {
   for (std::size_t i = 0; i < count; ++i)
     x = nn::transformer_block(b, x, heads, 4, name + "." + std::to_string(i));
   return x;
@@ -53,7 +54,8 @@ ValueId generator(Builder& b, ValueId img, const Dims& d, const std::string& nam
   x = nn::pixel_shuffle(b, to_image(g, x, 2 * h, 2 * w, b.name("up2")), 2);
   x = add_positions(b, to_tokens(g, x, b.name("up2")), "pos2");
   x = blocks(b, x, d.g_blocks[2], d.heads, "stage2");
-  return nn::conv2d(b, to_image(g, x, 4 * h, 4 * w, b.name("out")), {.out_channels = 3, .kernel = 1}, "to_rgb");
+  return nn::conv2d(b, to_image(g, x, 4 * h, 4 * w, b.name("out")),
+                    {.out_channels = 3, .kernel = 1}, "to_rgb");
 }
 
 // Three patch embeddings (2x2, 4x4, 8x8) joined stage by stage: blocks at 1/2 resolution with
@@ -83,10 +85,12 @@ ValueId discriminator(Builder& b, ValueId img, const Dims& d, const std::string&
   }
   ValueId t = to_tokens(g, x, b.name("final_tokens"));
   const ValueId cls = b.param("cls_token", {1, 1, d.d}, InitKind::normal, 0.02);
-  t = g.concat({g.broadcast_to(cls, {n, 1, d.d}, 1.0, b.name("cls_batch")), t}, 1, b.name("with_cls"));
+  t = g.concat({g.broadcast_to(cls, {n, 1, d.d}, 1.0, b.name("cls_batch")), t}, 1,
+               b.name("with_cls"));
   t = blocks(b, t, 1, d.heads, "last");
   t = nn::layer_norm(b, t, 1e-5, "norm");
-  const ValueId head = g.reshape(g.slice(t, 1, 0, 1, b.name("cls_out")), {n, d.d}, b.name("cls_flat"));
+  const ValueId head =
+      g.reshape(g.slice(t, 1, 0, 1, b.name("cls_out")), {n, d.d}, b.name("cls_flat"));
   return nn::linear(b, head, 1, true, "head");
 }
 
@@ -96,13 +100,15 @@ void build_transcyclegan(Model& m, Builder& b, const ModelOptions& o) {
   Graph& g = m.graph;
   const Shape sample = sample_shape_or(o, {3, 64, 64});
   if (sample.size() != 3 || sample[0] != 3 || sample[1] % 16 != 0 || sample[2] % 16 != 0)
-    throw std::invalid_argument("transcyclegan takes RGB samples with height and width multiples "
-                                "of 16 ([3, 64, 64] in the paper), got " + shape_str(sample) +
-                                "; pass an empty sample shape for the default");
+    throw std::invalid_argument(
+        "transcyclegan takes RGB samples with height and width multiples "
+        "of 16 ([3, 64, 64] in the paper), got " +
+        shape_str(sample) + "; pass an empty sample shape for the default");
   Dims d;
   d.g0 = scaled(1024, o.width, 16), d.g1 = d.g0 / 4, d.g2 = d.g0 / 16;
   d.d = scaled(384, o.width, 16);
-  d.g_blocks[0] = repeats(5, o.depth), d.g_blocks[1] = repeats(4, o.depth), d.g_blocks[2] = repeats(3, o.depth);
+  d.g_blocks[0] = repeats(5, o.depth), d.g_blocks[1] = repeats(4, o.depth),
+  d.g_blocks[2] = repeats(3, o.depth);
   d.d_blocks = repeats(3, o.depth);
   const Shape shape = {o.micro_batch, 3, sample[1], sample[2]};
   m.input = g.input("low_resolution", {DType::f32, shape});  // bicubic-upsampled x4
@@ -123,16 +129,21 @@ void build_transcyclegan(Model& m, Builder& b, const ModelOptions& o) {
   const ValueId adv_b = nn::lsgan_loss(b, discriminator(b, fake_b, d, "d_b"), 1.0);
   const ValueId adv_a = nn::lsgan_loss(b, discriminator(b, fake_a, d, "d_a"), 1.0);
   b.set_frozen(false);
-  const ValueId cycle = g.binary(BinaryFn::add, nn::l1_loss(b, cycle_a, a), nn::l1_loss(b, cycle_b, hr), "cycle_l1");
-  const ValueId loss_g = g.binary(BinaryFn::add, g.binary(BinaryFn::add, adv_a, adv_b, "adversarial"),
-                                  g.binary(BinaryFn::mul, cycle, b.scalar(10.0), "cycle_weighted"), "loss_g");
+  const ValueId cycle =
+      g.binary(BinaryFn::add, nn::l1_loss(b, cycle_a, a), nn::l1_loss(b, cycle_b, hr), "cycle_l1");
+  const ValueId loss_g =
+      g.binary(BinaryFn::add, g.binary(BinaryFn::add, adv_a, adv_b, "adversarial"),
+               g.binary(BinaryFn::mul, cycle, b.scalar(10.0), "cycle_weighted"), "loss_g");
   // Discriminator loss on real images and detached fakes.
   const auto d_loss = [&](ValueId real, ValueId fake, const std::string& name) {
     const ValueId r = nn::lsgan_loss(b, discriminator(b, real, d, name), 1.0);
-    const ValueId f = nn::lsgan_loss(b, discriminator(b, g.stop_gradient(fake, name + "/detach"), d, name), 0.0);
-    return g.binary(BinaryFn::mul, g.binary(BinaryFn::add, r, f, name + "/sum"), b.scalar(0.5), name + "/loss");
+    const ValueId f =
+        nn::lsgan_loss(b, discriminator(b, g.stop_gradient(fake, name + "/detach"), d, name), 0.0);
+    return g.binary(BinaryFn::mul, g.binary(BinaryFn::add, r, f, name + "/sum"), b.scalar(0.5),
+                    name + "/loss");
   };
-  const ValueId loss_d = g.binary(BinaryFn::add, d_loss(hr, fake_b, "d_b"), d_loss(a, fake_a, "d_a"), "loss_d");
+  const ValueId loss_d =
+      g.binary(BinaryFn::add, d_loss(hr, fake_b, "d_b"), d_loss(a, fake_a, "d_a"), "loss_d");
   m.loss = g.binary(BinaryFn::add, loss_g, loss_d, "loss");
   m.metrics = {{"loss_g", loss_g}, {"loss_d", loss_d}, {"cycle_l1", cycle}};
 }

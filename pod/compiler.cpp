@@ -126,8 +126,8 @@ class Lowering {
       case OpKind::sgd_momentum_step:
       case OpKind::adam_step:
       case OpKind::lamb_step:
-        throw std::invalid_argument(std::string("op ") + models::op_name(op.kind) + " ('" + op.name +
-                                    "') is not lowered onto the IPU yet");
+        throw std::invalid_argument(std::string("op ") + models::op_name(op.kind) + " ('" +
+                                    op.name + "') is not lowered onto the IPU yet");
     }
     tensors_.emplace(*op.output, result);
   }

@@ -502,7 +502,7 @@ def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "tests", "models", "golden", "layers.h5")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    with h5py.File(out, "w") as f:
+    with h5py.File(out, "w", libver="latest") as f:
         f.attrs["generator"] = "scripts/make_golden_fixtures.py, torch " + torch.__version__
         layer_cases(f)
         composite_cases(f)

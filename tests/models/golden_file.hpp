@@ -65,7 +65,8 @@ class GoldenFile {
     H5Sclose(space);
     GoldenArray a;
     std::size_t n = 1;
-    for (hsize_t x : dims) a.dims.push_back(static_cast<std::size_t>(x)), n *= static_cast<std::size_t>(x);
+    for (hsize_t x : dims)
+      a.dims.push_back(static_cast<std::size_t>(x)), n *= static_cast<std::size_t>(x);
     hid_t type = H5Dget_type(d);
     const bool is_int = H5Tget_class(type) == H5T_INTEGER;
     H5Tclose(type);
@@ -117,6 +118,7 @@ class GoldenFile {
         char* s = nullptr;
         hid_t mem = H5Tcopy(H5T_C_S1);
         H5Tset_size(mem, H5T_VARIABLE);
+        H5Tset_cset(mem, H5Tget_cset(type));
         H5Aread(attr, mem, &s);
         out->strings[name] = s ? s : "";
         H5free_memory(s);

@@ -19,7 +19,9 @@ namespace {
 using testing::GoldenArray;
 using testing::GoldenFile;
 
-std::string golden_path() { return std::string(IPUPOD_GOLDEN_DIR) + "/layers.h5"; }
+std::string golden_path() {
+  return std::string(IPUPOD_GOLDEN_DIR) + "/layers.h5";
+}
 
 // Elementwise |a - b| <= abs + rel * |b|; reports the worst element.
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, double abs,
@@ -28,7 +30,8 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   double worst = 0;
   std::size_t at = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
-    const double excess = std::abs(static_cast<double>(got[i]) - want[i]) - (abs + rel * std::abs(want[i]));
+    const double excess =
+        std::abs(static_cast<double>(got[i]) - want[i]) - (abs + rel * std::abs(want[i]));
     if (excess > worst) worst = excess, at = i;
   }
   EXPECT_LE(worst, 0.0) << what << ": element " << at << " is " << got[at] << ", PyTorch has "
@@ -39,7 +42,8 @@ Buffer to_buffer(const GoldenArray& a, const TensorInfo& info, const std::string
   Buffer b = Buffer::zeros(info);
   const std::size_t n = info.dtype == DType::f32 ? a.f.size() : a.i.size();
   if (n != info.elements())
-    throw std::runtime_error(what + ": fixture has " + std::to_string(n) + " elements, the graph wants " + info.str());
+    throw std::runtime_error(what + ": fixture has " + std::to_string(n) +
+                             " elements, the graph wants " + info.str());
   if (info.dtype == DType::f32)
     b.f = a.f;
   else
@@ -47,13 +51,21 @@ Buffer to_buffer(const GoldenArray& a, const TensorInfo& info, const std::string
   return b;
 }
 
-std::size_t u(double v) { return static_cast<std::size_t>(v); }
+std::size_t u(double v) {
+  return static_cast<std::size_t>(v);
+}
 
 ValueId conv_bn(Builder& b, ValueId x, std::size_t out, std::size_t k, std::size_t stride,
                 std::size_t groups, bool act, const std::string& name) {
   Scope s(b, name);
-  x = nn::conv2d(b, x, {.out_channels = out, .kernel = k, .stride = stride, .padding = (k - 1) / 2,
-                        .groups = groups, .bias = false}, "0");
+  x = nn::conv2d(b, x,
+                 {.out_channels = out,
+                  .kernel = k,
+                  .stride = stride,
+                  .padding = (k - 1) / 2,
+                  .groups = groups,
+                  .bias = false},
+                 "0");
   x = nn::batch_norm2d(b, x, 1e-3, 0.1, "1");
   return act ? nn::silu(b, x) : x;
 }
@@ -64,20 +76,28 @@ struct Built {
 };
 
 // Rebuilds one fixture case from the layer library.
-Built build_case(Builder& b, ValueId x, const std::string& op, const std::map<std::string, double>& a,
-                 const std::map<std::string, std::string>& s, const GoldenFile& file, const std::string& group) {
+Built build_case(Builder& b, ValueId x, const std::string& op,
+                 const std::map<std::string, double>& a,
+                 const std::map<std::string, std::string>& s, const GoldenFile& file,
+                 const std::string& group) {
   Graph& g = b.graph();
   const auto input = [&](const std::string& name, DType dtype) {
     const GoldenArray arr = file.read(group + "/input/" + name);
     return g.input(name, {dtype, arr.dims});
   };
   if (op == "conv2d")
-    return {nn::conv2d(b, x, {.out_channels = u(a.at("out")), .kernel = u(a.at("kernel")), .stride = u(a.at("stride")),
-                              .padding = u(a.at("padding")), .same = a.at("same") != 0, .dilation = u(a.at("dilation")),
-                              .groups = u(a.at("groups")), .bias = a.at("bias") != 0})};
+    return {nn::conv2d(b, x,
+                       {.out_channels = u(a.at("out")),
+                        .kernel = u(a.at("kernel")),
+                        .stride = u(a.at("stride")),
+                        .padding = u(a.at("padding")),
+                        .same = a.at("same") != 0,
+                        .dilation = u(a.at("dilation")),
+                        .groups = u(a.at("groups")),
+                        .bias = a.at("bias") != 0})};
   if (op == "conv_transpose2d")
-    return {nn::conv_transpose2d(b, x, u(a.at("out")), u(a.at("kernel")), u(a.at("stride")), u(a.at("padding")),
-                                 u(a.at("output_padding")), a.at("bias") != 0)};
+    return {nn::conv_transpose2d(b, x, u(a.at("out")), u(a.at("kernel")), u(a.at("stride")),
+                                 u(a.at("padding")), u(a.at("output_padding")), a.at("bias") != 0)};
   if (op == "batch_norm2d") return {nn::batch_norm2d(b, x, a.at("eps"), a.at("momentum"))};
   if (op == "layer_norm") return {nn::layer_norm(b, x, a.at("eps"))};
   if (op == "group_norm") return {nn::group_norm(b, x, u(a.at("groups")), a.at("eps"))};
@@ -91,21 +111,28 @@ Built build_case(Builder& b, ValueId x, const std::string& op, const std::map<st
     if (fn == "tanh") return {nn::tanh(b, x)};
     if (fn == "leaky_relu") return {nn::leaky_relu(b, x, a.at("slope"))};
   }
-  if (op == "max_pool2d") return {nn::max_pool2d(b, x, u(a.at("kernel")), u(a.at("stride")), u(a.at("padding")))};
+  if (op == "max_pool2d")
+    return {nn::max_pool2d(b, x, u(a.at("kernel")), u(a.at("stride")), u(a.at("padding")))};
   if (op == "avg_pool2d")
-    return {nn::avg_pool2d(b, x, u(a.at("kernel")), u(a.at("stride")), u(a.at("padding")), a.at("count_include_pad") != 0)};
-  if (op == "adaptive_avg_pool2d") return {nn::adaptive_avg_pool2d(b, x, u(a.at("out_h")), u(a.at("out_w")))};
+    return {nn::avg_pool2d(b, x, u(a.at("kernel")), u(a.at("stride")), u(a.at("padding")),
+                           a.at("count_include_pad") != 0)};
+  if (op == "adaptive_avg_pool2d")
+    return {nn::adaptive_avg_pool2d(b, x, u(a.at("out_h")), u(a.at("out_w")))};
   if (op == "squeeze_excitation") return {nn::squeeze_excitation(b, x, u(a.at("squeeze")))};
   if (op == "pixel_shuffle") return {nn::pixel_shuffle(b, x, u(a.at("r")))};
   if (op == "attention") return {nn::multi_head_self_attention(b, x, u(a.at("heads")))};
-  if (op == "transformer_block") return {nn::transformer_block(b, x, u(a.at("heads")), u(a.at("mlp_ratio")))};
-  if (op == "embedding") return {nn::embedding(b, input("indices", DType::i32), u(a.at("rows")), u(a.at("dim")))};
+  if (op == "transformer_block")
+    return {nn::transformer_block(b, x, u(a.at("heads")), u(a.at("mlp_ratio")))};
+  if (op == "embedding")
+    return {nn::embedding(b, input("indices", DType::i32), u(a.at("rows")), u(a.at("dim")))};
   if (op == "vector_quantizer") {
-    const nn::Quantized q = nn::vector_quantizer(b, x, u(a.at("codes")), a.at("decay"), a.at("commitment"));
+    const nn::Quantized q =
+        nn::vector_quantizer(b, x, u(a.at("codes")), a.at("decay"), a.at("commitment"));
     return {q.quantized, q.loss};
   }
   if (op == "mse_loss")
-    return {nn::mse_loss(b, x, input("target", DType::f32), a.at("masked") != 0 ? input("mask", DType::f32) : -1)};
+    return {nn::mse_loss(b, x, input("target", DType::f32),
+                         a.at("masked") != 0 ? input("mask", DType::f32) : -1)};
   if (op == "l1_loss") return {nn::l1_loss(b, x, input("target", DType::f32))};
   if (op == "cross_entropy") return {nn::cross_entropy(b, x, input("labels", DType::i32))};
   if (op == "lsgan_loss") return {nn::lsgan_loss(b, x, a.at("target"))};
@@ -127,9 +154,13 @@ Built build_case(Builder& b, ValueId x, const std::string& op, const std::map<st
   if (op == "down_res_block") {
     const std::size_t out = u(a.at("out")), k = u(a.at("kernel")), st = u(a.at("stride"));
     const ValueId h = nn::gdn(b, x, false, "gdn");
-    const ValueId sc = nn::conv2d(b, h, {.out_channels = out, .kernel = 1, .stride = st, .bias = false}, "shortcut");
-    ValueId y = nn::conv2d(b, h, {.out_channels = out, .kernel = k, .stride = st, .padding = k / 2, .bias = false}, "conv1");
-    y = nn::gelu(b, nn::conv2d(b, y, {.out_channels = 4 * out, .kernel = 1, .bias = false}, "conv2"));
+    const ValueId sc = nn::conv2d(
+        b, h, {.out_channels = out, .kernel = 1, .stride = st, .bias = false}, "shortcut");
+    ValueId y = nn::conv2d(
+        b, h, {.out_channels = out, .kernel = k, .stride = st, .padding = k / 2, .bias = false},
+        "conv1");
+    y = nn::gelu(b,
+                 nn::conv2d(b, y, {.out_channels = 4 * out, .kernel = 1, .bias = false}, "conv2"));
     y = nn::conv2d(b, y, {.out_channels = out, .kernel = 1, .bias = false}, "conv3");
     return {g.binary(BinaryFn::add, sc, y)};
   }
@@ -187,7 +218,8 @@ TEST(Golden, LayersLossesAndBlocksMatchPyTorch) {
     }
     for (ValueId st : g.states()) {
       const std::string path = group + "/state_after/" + g.value(st).name;
-      if (file.has(path)) expect_close(in.get(st).f, file.read(path).f, 1e-5, 1e-4, "state " + g.value(st).name);
+      if (file.has(path))
+        expect_close(in.get(st).f, file.read(path).f, 1e-5, 1e-4, "state " + g.value(st).name);
     }
     ++cases;
   }
@@ -209,7 +241,9 @@ TEST(Golden, OptimizersMatchPyTorch) {
     const ValueId gp = g.input("gp", g.info(p)), gq = g.input("gq", g.info(q));
     OptimizerOptions o;
     o.kind = optimizer_from_name(s.at("kind"));
-    const auto get = [&](const char* k, double fallback) { return a.count(k) ? a.at(k) : fallback; };
+    const auto get = [&](const char* k, double fallback) {
+      return a.count(k) ? a.at(k) : fallback;
+    };
     o.momentum = get("momentum", 0);
     o.nesterov = get("nesterov", 0) != 0;
     o.beta1 = get("beta1", 0.9), o.beta2 = get("beta2", 0.999), o.eps = get("eps", 1e-8);
@@ -229,8 +263,10 @@ TEST(Golden, OptimizersMatchPyTorch) {
       in.set(gp, to_buffer(file.read(group + "/p/grad" + k), g.info(gp), "gp"));
       in.set(gq, to_buffer(file.read(group + "/q/grad" + k), g.info(gq), "gq"));
       in.run({Phase::optimizer});
-      expect_close(in.get(p).f, file.read(group + "/p/after" + k).f, 1e-6, 1e-5, "p after step " + k);
-      expect_close(in.get(q).f, file.read(group + "/q/after" + k).f, 1e-6, 1e-5, "q after step " + k);
+      expect_close(in.get(p).f, file.read(group + "/p/after" + k).f, 1e-6, 1e-5,
+                   "p after step " + k);
+      expect_close(in.get(q).f, file.read(group + "/q/after" + k).f, 1e-6, 1e-5,
+                   "q after step " + k);
     }
     ++cases;
   }

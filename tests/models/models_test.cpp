@@ -106,7 +106,8 @@ TEST(Interpreter, SgdStepsLowerTheLossOnAFixedBatch) {
 TEST(Interpreter, DeterministicInitialisationDependsOnSeedOnly) {
   Fixture f({8});
   const ValueId p = f.model.graph.parameters().front();
-  const Buffer a = initial_parameter(f.model.graph, p, 42), b = initial_parameter(f.model.graph, p, 42);
+  const Buffer a = initial_parameter(f.model.graph, p, 42),
+               b = initial_parameter(f.model.graph, p, 42);
   const Buffer c = initial_parameter(f.model.graph, p, 43);
   EXPECT_EQ(a.f, b.f);
   EXPECT_NE(a.f, c.f);

@@ -17,8 +17,8 @@ ValueId param(Graph& g, const std::string& name, Shape shape) {
 
 TEST(OpGradients, Unary) {
   for (UnaryFn fn : {UnaryFn::gelu, UnaryFn::silu, UnaryFn::sigmoid, UnaryFn::tanh,
-                     UnaryFn::leaky_relu, UnaryFn::sqrt, UnaryFn::rsqrt, UnaryFn::exp,
-                     UnaryFn::log, UnaryFn::square, UnaryFn::abs, UnaryFn::neg}) {
+                     UnaryFn::leaky_relu, UnaryFn::sqrt, UnaryFn::rsqrt, UnaryFn::exp, UnaryFn::log,
+                     UnaryFn::square, UnaryFn::abs, UnaryFn::neg}) {
     SCOPED_TRACE(unary_fn_name(fn));
     Graph g;
     const ValueId x = param(g, "x", {3, 5});
@@ -45,10 +45,10 @@ TEST(OpGradients, BinaryWithBroadcasting) {
 TEST(OpGradients, ReduceBroadcastPermuteSliceConcat) {
   Graph g;
   const ValueId x = param(g, "x", {2, 3, 4});
-  const ValueId r = g.reduce_mean(x, {0, 2}, true);                 // [1,3,1]
-  const ValueId bx = g.broadcast_to(r, {2, 3, 5}, 2.0);             // [2,3,5]
-  const ValueId p = g.permute(bx, {2, 0, 1});                       // [5,2,3]
-  const ValueId s = g.slice(p, 0, 1, 4);                            // [3,2,3]
+  const ValueId r = g.reduce_mean(x, {0, 2}, true);      // [1,3,1]
+  const ValueId bx = g.broadcast_to(r, {2, 3, 5}, 2.0);  // [2,3,5]
+  const ValueId p = g.permute(bx, {2, 0, 1});            // [5,2,3]
+  const ValueId s = g.slice(p, 0, 1, 4);                 // [3,2,3]
   const ValueId y = param(g, "y", {3, 2, 2});
   const ValueId c = g.concat({s, y, g.permute(g.slice(x, 2, 0, 3), {2, 0, 1})}, 2);  // [3,2,8]
   check_gradients(g, c);
@@ -143,10 +143,12 @@ TEST(OpGradients, Pooling) {
 }
 
 TEST(OpGradients, Normalisation) {
+  GradCheckOptions o;
+  o.eps = 1e-3;  // normalisation is strongly curved where a set's variance is small
   for (NormKind k : {NormKind::batch, NormKind::layer, NormKind::group}) {
     Graph g;
     const ValueId x = param(g, "x", {3, 4, 2, 3});
-    check_gradients(g, g.normalize(x, k, 1e-5, 2));
+    check_gradients(g, g.normalize(x, k, 1e-5, 2), o);
   }
   Graph g;
   const ValueId x = param(g, "x", {2, 3, 2, 2});
@@ -180,7 +182,9 @@ TEST_F(LayerGradients, ConvLayersAndNorms) {
   x = nn::conv_transpose2d(b, x, 4, 3, 2, 1, 1, true, "up");
   x = nn::group_norm(b, x, 2, 1e-5, "gn");
   x = nn::leaky_relu(b, x, 0.1);
-  check_gradients(g, x);
+  GradCheckOptions o;
+  o.eps = 1e-3;
+  check_gradients(g, x, o);
 }
 
 TEST_F(LayerGradients, GdnAndInverse) {
@@ -218,18 +222,42 @@ TEST_F(LayerGradients, EmbeddingDropoutStochasticDepth) {
   });
 }
 
-TEST_F(LayerGradients, VectorQuantiserStraightThrough) {
+TEST_F(LayerGradients, VectorQuantiserCommitmentLoss) {
+  // The commitment loss has a true derivative (the chosen codes are locally constant).
   const ValueId z = b.param("z", {2, 3, 2, 2}, InitKind::uniform, 1.0);
-  const nn::Quantized q = nn::vector_quantizer(b, z, 5, 0.9, 0.25, "vq");
-  const ValueId both = g.binary(BinaryFn::add, q.quantized, q.loss);
-  check_gradients(g, both);
+  check_gradients(g, nn::vector_quantizer(b, z, 5, 0.9, 0.25, "vq").loss);
+}
+
+TEST(Ops, StraightThroughPassesTheGradientUnchangedAndOutputsCodes) {
+  // Forward: the nearest codes (piecewise constant, so finite differences see 0);
+  // backward: the identity, by design.
+  Graph g;
+  Builder b(g, false);
+  const ValueId z = b.param("z", {1, 2, 2, 1}, InitKind::uniform, 1.0);
+  const nn::Quantized q = nn::vector_quantizer(b, z, 3, 0.9, 0.25, "vq");
+  const ValueId w = g.input("w", g.info(q.quantized));
+  const ValueId loss = g.reduce_sum(g.binary(BinaryFn::mul, q.quantized, w), {0, 1, 2, 3}, false);
+  const auto grads = build_backward(g, loss);
+  Interpreter in(g, 2);
+  Buffer wb = Buffer::zeros(g.info(w));
+  wb.f = {0.5f, -2.f, 3.f, 1.f};
+  in.set(w, wb);
+  in.run({Phase::forward, Phase::backward});
+  EXPECT_EQ(in.get(grads.at(z)).f, wb.f);
+  const Buffer& codebook = in.get(g.states().front());
+  const Buffer& out = in.get(q.quantized);
+  const Buffer& idx = in.get(q.indices);
+  for (std::size_t r = 0; r < 2; ++r)  // [1, d=2, h=2, w=1]: row r is (out[r], out[2 + r])
+    for (std::size_t d = 0; d < 2; ++d)
+      EXPECT_FLOAT_EQ(out.f[d * 2 + r], codebook.f[static_cast<std::size_t>(idx.i[r]) * 2 + d]);
 }
 
 TEST_F(LayerGradients, Losses) {
   const ValueId pred = b.param("pred", {2, 1, 3, 3}, InitKind::uniform, 1.0);
   const ValueId target = g.input("target", {DType::f32, {2, 1, 3, 3}});
   const ValueId mask = g.input("mask", {DType::f32, {2, 1, 3, 3}});
-  ValueId loss = g.binary(BinaryFn::add, nn::mse_loss(b, pred, target, mask), nn::l1_loss(b, pred, target));
+  ValueId loss =
+      g.binary(BinaryFn::add, nn::mse_loss(b, pred, target, mask), nn::l1_loss(b, pred, target));
   loss = g.binary(BinaryFn::add, loss, nn::lsgan_loss(b, pred, 1.0));
   loss = g.binary(BinaryFn::add, loss, nn::mse_loss(b, pred, target));
   check_gradients(g, loss, {}, [&](Interpreter& in) {

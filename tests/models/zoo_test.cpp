@@ -1,12 +1,13 @@
 // The zoo at small configurations: every model runs forward, backward and an optimizer step in
 // the interpreter, marks its pipeline stages, and summarises itself; optimizer options wire up.
+#include "models/zoo.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 
 #include "models/interpreter.hpp"
-#include "models/zoo.hpp"
 
 namespace ipupod::models {
 namespace {
