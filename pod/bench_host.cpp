@@ -1,11 +1,311 @@
-// `ipupod bench host` (not written yet: no subcommand is registered until it is).
+// `ipupod bench host`: streams a converted data set to N IPU clients over real TCP (StreamServer,
+// StreamClient, the Loader's shuffled shards) and compares with a plain sequential HDF5 read loop.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "host/dataset.hpp"
+#include "host/hdf5.hpp"
+#include "host/loader.hpp"
+#include "host/stream_client.hpp"
+#include "host/stream_server.hpp"
 #include "pod/bench.hpp"
 
 namespace ipupod::pod {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct HostBenchOptions {
+  std::string data;
+  std::string split = "train";
+  std::size_t clients = 4;
+  std::size_t samples_per_step = 256;
+  std::size_t prefetch_steps = 4;
+  std::size_t credits = 8;
+  std::size_t runs = 5;
+  double device_ms_per_step = 0;
+  bool shuffle = true;
+  std::uint64_t seed = 0;
+};
+
+// Bytes per row block of the raw loop: large sequential reads, as a plain reader would do.
+constexpr std::size_t kRawBlockBytes = std::size_t{4} << 20;
+constexpr std::uint16_t kInputStream = 0, kTargetStream = 1;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// CPU seconds used by the whole process so far (all threads, user and system): a figure the
+// other processes on a busy machine disturb much less than wall time.
+double process_cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+  };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// The peer: every row of inputs and targets, in file order, in blocks, into one reused buffer.
+double raw_read_bytes_per_s(const HostBenchOptions& o, std::size_t& bytes, double& cpu_seconds) {
+  const auto start = Clock::now();
+  const double cpu_start = process_cpu_seconds();
+  const host::h5::File file = host::h5::File::open(o.data, true);
+  const host::h5::Group group = file.open_group(o.split);
+  bytes = 0;
+  std::vector<std::byte> buffer;
+  for (const char* name : {"inputs", "targets"}) {
+    const host::h5::Dataset dataset = group.open_dataset(name);
+    host::DType dtype = host::DType::f32;
+    if (!dataset.stored_dtype(dtype)) throw host::DatasetError(std::string("bad dtype of ") + name);
+    const std::vector<std::size_t> shape = dataset.dims();
+    const std::size_t row_bytes = host::shape_elements(shape) / shape[0] * host::dtype_size(dtype);
+    const std::size_t block = std::max<std::size_t>(1, kRawBlockBytes / row_bytes);
+    buffer.resize(block * row_bytes);
+    for (std::size_t first = 0; first < shape[0]; first += block) {
+      const std::size_t count = std::min(block, shape[0] - first);
+      dataset.read_rows(first, count, dtype, buffer.data());
+      bytes += count * row_bytes;
+    }
+  }
+  cpu_seconds = process_cpu_seconds() - cpu_start;
+  return static_cast<double>(bytes) / seconds_since(start);
+}
+
+struct StreamResult {
+  double bytes_per_s = 0;
+  double wait_fraction = 0;
+  double cpu_seconds = 0;
+  std::size_t bytes = 0;
+  std::size_t prefetched = 0, synchronous = 0;
+};
+
+// One epoch of the split to `clients` IPU clients in this process, one feeder thread per replica
+// as in `ipupod train`. Time runs from the loader's creation to the last client's last frame.
+StreamResult stream_epoch(const HostBenchOptions& o) {
+  const std::string secret = host::make_secret();
+  host::StreamServer server({.bind_address = "127.0.0.1",
+                             .port = 0,
+                             .secret = secret,
+                             .clients = o.clients,
+                             .timeout = std::chrono::seconds(60),
+                             .hello_timeout = std::chrono::seconds(60),
+                             .log = {}});
+  std::vector<std::future<std::unique_ptr<host::StreamClient>>> connecting;
+  for (std::size_t c = 0; c < o.clients; ++c) {
+    connecting.push_back(std::async(std::launch::async, [&, c] {
+      return std::make_unique<host::StreamClient>(
+          host::ClientConfig{.address = "127.0.0.1",
+                             .port = server.port(),
+                             .secret = secret,
+                             .client_id = c,
+                             .credits = o.credits,
+                             .timeout = std::chrono::seconds(60)});
+    }));
+  }
+  server.accept_clients();
+  std::vector<std::unique_ptr<host::StreamClient>> clients;
+  for (auto& pending : connecting) clients.push_back(pending.get());
+
+  const auto start = Clock::now();
+  const double cpu_start = process_cpu_seconds();
+  host::Loader loader({.path = o.data,
+                       .split = o.split,
+                       .replicas = o.clients,
+                       .samples_per_step = o.samples_per_step,
+                       .shuffle = o.shuffle,
+                       .seed = o.seed,
+                       .prefetch_steps = o.prefetch_steps});
+  const std::size_t steps = loader.steps_per_epoch();
+  std::vector<std::thread> feeders;
+  std::vector<std::exception_ptr> failures(2 * o.clients);
+  for (std::size_t r = 0; r < o.clients; ++r) {
+    feeders.emplace_back([&, r] {
+      try {
+        for (std::size_t s = 0; s < steps; ++s) {
+          const host::Batch batch = loader.batch(0, s, r);
+          server.send(r, {kInputStream, s, batch.inputs});
+          server.send(r, {kTargetStream, s, batch.targets});
+        }
+      } catch (...) {
+        failures[r] = std::current_exception();
+        server.close();
+      }
+    });
+  }
+  // Each client copies its frames into a "device" buffer (the stream copy into tile memory) and
+  // optionally spends an emulated compute time per step; it measures how long it waited.
+  std::vector<double> waited(o.clients), busy(o.clients);
+  std::vector<std::size_t> received(o.clients);
+  std::vector<std::thread> devices;
+  for (std::size_t c = 0; c < o.clients; ++c) {
+    devices.emplace_back([&, c] {
+      try {
+        std::vector<std::byte> device;
+        for (std::size_t s = 0; s < steps; ++s) {
+          for (std::uint16_t stream : {kInputStream, kTargetStream}) {
+            const auto asked = Clock::now();
+            const host::Frame frame = clients[c]->receive();
+            waited[c] += seconds_since(asked);
+            if (frame.stream != stream || frame.step != s) {
+              throw std::runtime_error("client " + std::to_string(c) + " got stream " +
+                                       std::to_string(frame.stream) + " step " +
+                                       std::to_string(frame.step) + " out of order");
+            }
+            device.resize(frame.array.bytes.size());
+            std::memcpy(device.data(), frame.array.bytes.data(), device.size());
+            received[c] += device.size();
+          }
+          if (o.device_ms_per_step > 0) {
+            std::this_thread::sleep_for(
+                std::chrono::duration<double, std::milli>(o.device_ms_per_step));
+          }
+        }
+        busy[c] = seconds_since(start);
+      } catch (...) {
+        failures[o.clients + c] = std::current_exception();
+      }
+    });
+  }
+  for (auto& device : devices) device.join();
+  const double elapsed = seconds_since(start);
+  const double cpu_seconds = process_cpu_seconds() - cpu_start;
+  for (auto& feeder : feeders) feeder.join();
+  for (const auto& failure : failures) {
+    if (failure) std::rethrow_exception(failure);
+  }
+  server.close();
+
+  StreamResult result;
+  result.cpu_seconds = cpu_seconds;
+  for (std::size_t c = 0; c < o.clients; ++c) {
+    result.bytes += received[c];
+    result.wait_fraction += waited[c] / busy[c] / static_cast<double>(o.clients);
+  }
+  result.bytes_per_s = static_cast<double>(result.bytes) / elapsed;
+  result.prefetched = loader.stats().prefetched;
+  result.synchronous = loader.stats().synchronous;
+  return result;
+}
+
+std::string rate(double bytes_per_s) {
+  std::ostringstream text;
+  text << std::fixed << std::setprecision(1) << bytes_per_s / 1e6 << " MB/s";
+  return text.str();
+}
+
+int run_host_bench(const HostBenchOptions& o) {
+  if (o.clients == 0 || o.samples_per_step == 0 || o.runs == 0 || o.credits == 0) {
+    std::cerr << "ipupod bench host: --clients, --samples-per-step, --runs and --credits must be "
+                 "at least 1\n";
+    return 2;
+  }
+  try {
+    const host::DatasetFile file(o.data);
+    const host::SplitInfo info = file.info(o.split);
+    std::cout << "ipupod bench host: " << o.data << " /" << o.split << ": " << info.samples
+              << " samples of " << host::dtype_name(info.inputs.dtype)
+              << host::shape_string(info.inputs.sample_shape) << "; " << o.clients
+              << " clients over loopback TCP, " << o.samples_per_step
+              << " samples per replica step, " << (o.shuffle ? "shuffled" : "in file order")
+              << ", prefetch " << o.prefetch_steps << " steps, " << o.credits << " credits; reads "
+              << (file.reads_directly(o.split, host::Field::inputs) ? "direct (preadv)"
+                                                                    : "through HDF5")
+              << "; " << o.runs << " runs" << std::endl;
+  } catch (const host::DatasetError& e) {
+    std::cerr << "ipupod bench host: " << e.what() << "\n";
+    return 2;
+  }
+  try {
+    std::vector<double> raw_rates, stream_rates, ratios, waits, cpu_ratios;
+    std::cout << std::fixed;
+    for (std::size_t run = 0; run < o.runs; ++run) {
+      std::size_t raw_bytes = 0;
+      double raw_cpu = 0;
+      const double raw = raw_read_bytes_per_s(o, raw_bytes, raw_cpu);
+      const StreamResult streamed = stream_epoch(o);
+      raw_rates.push_back(raw);
+      stream_rates.push_back(streamed.bytes_per_s);
+      ratios.push_back(streamed.bytes_per_s / raw);
+      waits.push_back(streamed.wait_fraction);
+      // CPU cost per byte of the raw read over that of streaming: the wall-time ratio this
+      // machine would reach if each path had a core to itself.
+      const double cpu_ratio = (raw_cpu / static_cast<double>(raw_bytes)) /
+                               (streamed.cpu_seconds / static_cast<double>(streamed.bytes));
+      cpu_ratios.push_back(cpu_ratio);
+      std::cout << "  run " << run + 1 << ": raw HDF5 read " << rate(raw) << " (" << raw_bytes
+                << " bytes, " << std::setprecision(3) << raw_cpu << " CPU s), streamed "
+                << rate(streamed.bytes_per_s) << " (" << streamed.bytes << " bytes, "
+                << streamed.cpu_seconds << " CPU s; " << streamed.prefetched
+                << " batches prefetched, " << streamed.synchronous << " read synchronously), ratio "
+                << streamed.bytes_per_s / raw << ", CPU-cost ratio " << cpu_ratio
+                << ", clients waited " << std::setprecision(1) << 100 * streamed.wait_fraction
+                << "% of the time" << std::endl;
+    }
+    const double ratio = median(ratios);
+    std::cout << "median of " << o.runs << ": raw sequential HDF5 read " << rate(median(raw_rates))
+              << ", streamed to " << o.clients << " clients " << rate(median(stream_rates))
+              << ", ratio " << std::setprecision(3) << ratio
+              << " (target >= 0.9: " << (ratio >= 0.9 ? "met" : "not met") << "), CPU-cost ratio "
+              << median(cpu_ratios) << ", clients waited " << std::setprecision(1)
+              << 100 * median(waits) << "% of the time" << std::endl;
+    return 0;
+  } catch (const host::DatasetError& e) {
+    std::cerr << "ipupod bench host: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "ipupod bench host: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace
 
 void add_host_bench(CLI::App& bench, int& exit_code) {
-  (void)bench;
-  (void)exit_code;
+  auto options = std::make_shared<HostBenchOptions>();
+  CLI::App* host = bench.add_subcommand(
+      "host", "Host streaming of a data set to N IPU clients vs a sequential HDF5 read loop");
+  host->add_option("--data", options->data, "HDF5 data set made by `ipupod data`")->required();
+  host->add_option("--split", options->split, "Split to stream: train or test")
+      ->capture_default_str();
+  host->add_option("--clients", options->clients, "IPU clients (replicas), one TCP stream each")
+      ->capture_default_str();
+  host->add_option("--samples-per-step", options->samples_per_step,
+                   "Samples per replica per host step (micro-batch x accumulation x iterations)")
+      ->capture_default_str();
+  host->add_option("--prefetch-steps", options->prefetch_steps,
+                   "Host steps the loader reads ahead (0: synchronous reads)")
+      ->capture_default_str();
+  host->add_option("--credits", options->credits, "Frames each client lets the host send ahead")
+      ->capture_default_str();
+  host->add_option("--device-ms-per-step", options->device_ms_per_step,
+                   "Emulated device time per host step on each client (0: take data only)")
+      ->capture_default_str();
+  host->add_option("--runs", options->runs, "Repetitions; medians are reported")
+      ->capture_default_str();
+  host->add_option("--seed", options->seed, "Shuffle seed")->capture_default_str();
+  host->add_flag("!--no-shuffle", options->shuffle, "Stream each epoch in file order");
+  host->footer(
+      "Make the data first, e.g.\n"
+      "  ipupod data fashion-mnist --out fashion-mnist.h5\n"
+      "  ipupod bench host --data fashion-mnist.h5 --clients 4");
+  host->callback([options, &exit_code] { exit_code = run_host_bench(*options); });
 }
 
 }  // namespace ipupod::pod
