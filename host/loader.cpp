@@ -4,6 +4,7 @@
 #include "host/loader.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -37,23 +38,16 @@ std::uint64_t uniform_below(std::mt19937_64& engine, std::uint64_t bound) {
 constexpr std::uint32_t kF32Exponent = 0x7F800000U;
 constexpr std::uint16_t kF16Exponent = 0x7C00U;
 
-template <class Bits>
-std::size_t first_non_finite(std::span<const std::byte> bytes, Bits exponent) {
-  const std::size_t count = bytes.size() / sizeof(Bits);
+template <class Value, class Bits>
+std::size_t first_non_finite(std::span<const Value> values, Bits exponent) {
   // A branch-free scan first (vectorised by the compiler); most batches are clean.
   bool any = false;
-  for (std::size_t i = 0; i < count; ++i) {
-    Bits value;
-    std::memcpy(&value, bytes.data() + i * sizeof(Bits), sizeof(Bits));
-    any |= (value & exponent) == exponent;
+  for (const Value& value : values) any |= (std::bit_cast<Bits>(value) & exponent) == exponent;
+  if (!any) return values.size();
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if ((std::bit_cast<Bits>(values[i]) & exponent) == exponent) return i;
   }
-  if (!any) return count;
-  for (std::size_t i = 0; i < count; ++i) {
-    Bits value;
-    std::memcpy(&value, bytes.data() + i * sizeof(Bits), sizeof(Bits));
-    if ((value & exponent) == exponent) return i;
-  }
-  return count;
+  return values.size();
 }
 
 // DatasetError naming split, sample (index in the file) and element if `array` holds NaN or
@@ -62,9 +56,9 @@ void check_finite(const HostArray& array, const LoaderConfig& config, Field fiel
                   std::span<const std::size_t> indices) {
   std::size_t bad = 0;
   if (array.dtype == DType::f32) {
-    bad = first_non_finite<std::uint32_t>(array.bytes, kF32Exponent);
+    bad = first_non_finite(array.as<float>(), kF32Exponent);
   } else if (array.dtype == DType::f16) {
-    bad = first_non_finite<std::uint16_t>(array.bytes, kF16Exponent);
+    bad = first_non_finite(array.as<Half>(), kF16Exponent);
   } else {
     return;
   }
