@@ -401,12 +401,10 @@ CollectiveReport all_reduce_typed(Transport& t, std::span<T> data, ReduceOp op,
   const Prepared prepared =
       prepare(Collective::all_reduce, data_type_of<T>(), data.size(), n, options);
   if (n > 1 && !data.empty()) {
-    std::vector<float> widened;
     std::span<float> acc;
     if constexpr (std::is_same_v<T, Half>) {
-      widened.resize(data.size());
-      widen(data, widened);
-      acc = widened;
+      acc = impl::scratch(impl::kWorkingCopySlot, data.size());
+      widen(data, acc);
     } else {
       acc = data;
     }
@@ -445,7 +443,7 @@ CollectiveReport reduce_scatter_typed(Transport& t, std::span<const T> input, st
   }
   const Prepared prepared =
       prepare(Collective::reduce_scatter, data_type_of<T>(), input.size(), n, options);
-  std::vector<float> acc(input.size());
+  const std::span<float> acc = impl::scratch(impl::kWorkingCopySlot, input.size());
   if constexpr (std::is_same_v<T, Half>) {
     widen(input, acc);
   } else if (!input.empty()) {
@@ -456,7 +454,7 @@ CollectiveReport reduce_scatter_typed(Transport& t, std::span<const T> input, st
     const auto lanes = lanes_for(prepared.plan, 0, t.rank(), {0, input.size()}, kReduceKind, owned);
     impl::reduce_phase(t, lanes, acc, op, segment_elements(options, sizeof(float)));
   }
-  auto result = std::span<float>(acc).subspan(mine.begin, mine.size());
+  auto result = acc.subspan(mine.begin, mine.size());
   if (op == ReduceOp::mean) divide(result, n);
   store<T>(result, block);
   t.advance_model_clock(prepared.report.predicted_seconds);
@@ -609,6 +607,10 @@ RingChunk ring_chunk(std::size_t length, int participants, int chunk) {
   result.begin = c * base + std::min(c, remainder);
   result.end = result.begin + base + (c < remainder ? 1 : 0);
   return result;
+}
+
+void release_collective_buffers() {
+  impl::release_scratch();
 }
 
 CollectiveReport predict(Collective collective, DataType type, std::size_t elements,

@@ -114,6 +114,10 @@ CollectiveReport broadcast(Transport& t, std::span<std::byte> data, int root,
 // The predicted time is the topology's cross-IPU sync cost (predict_barrier_seconds).
 CollectiveReport barrier(Transport& t, const CollectiveOptions& options = {});
 
+// Collectives keep their receive buffers and float32 working copies between calls (per
+// thread), because fresh large allocations cost page faults on every call; this frees them.
+void release_collective_buffers();
+
 const char* to_string(ReduceOp op);
 const char* to_string(Algorithm algorithm);
 const char* to_string(Collective collective);

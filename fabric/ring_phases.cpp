@@ -48,7 +48,7 @@ class LaneMachine {
 
 class ReduceLane final : public LaneMachine {
  public:
-  ReduceLane(Transport& t, const Lane& lane, std::span<float> acc, ReduceOp op,
+  ReduceLane(Transport& t, const Lane& lane, int lane_index, std::span<float> acc, ReduceOp op,
              std::size_t segment_elements)
       : t_(t),
         lane_(lane),
@@ -61,7 +61,8 @@ class ReduceLane final : public LaneMachine {
     std::size_t largest = 0;
     for (const Range& block : lane.blocks) largest = std::max(largest, block.size());
     if (size_ > 1) {
-      for (auto& buffer : scratch_) buffer.resize(largest);
+      scratch_[0] = scratch(lane_index * 2, largest);
+      scratch_[1] = scratch(lane_index * 2 + 1, largest);
     }
   }
 
@@ -79,13 +80,12 @@ class ReduceLane final : public LaneMachine {
     if (step_ >= steps()) return false;
     const Range block = receive_block(step_);
     auto& requests = receives_[static_cast<std::size_t>(step_ % 2)];
-    const auto& buffer = scratch_[static_cast<std::size_t>(step_ % 2)];
+    const std::span<const float> buffer = scratch_[static_cast<std::size_t>(step_ % 2)];
     for (std::size_t k = 0; k < segment_count(block, segment_elements_); ++k) {
       const Range segment = segment_of(block, k, segment_elements_);
       t_.wait(requests[k]);
       fold(acc_.subspan(segment.begin, segment.size()),
-           std::span<const float>(buffer).subspan(segment.begin - block.begin, segment.size()),
-           op_);
+           buffer.subspan(segment.begin - block.begin, segment.size()), op_);
       // The block just reduced is what the next step sends on.
       if (step_ + 1 < steps()) post_send(segment);
     }
@@ -107,12 +107,12 @@ class ReduceLane final : public LaneMachine {
 
   void post_receives(int step) {
     const Range block = receive_block(step);
-    auto& buffer = scratch_[static_cast<std::size_t>(step % 2)];
+    const std::span<float> buffer = scratch_[static_cast<std::size_t>(step % 2)];
     auto& requests = receives_[static_cast<std::size_t>(step % 2)];
     requests.clear();
     for (std::size_t k = 0; k < segment_count(block, segment_elements_); ++k) {
       const Range segment = segment_of(block, k, segment_elements_);
-      auto target = std::span<float>(buffer).subspan(segment.begin - block.begin, segment.size());
+      auto target = buffer.subspan(segment.begin - block.begin, segment.size());
       requests.push_back(t_.irecv(left_, std::as_writable_bytes(target), lane_.tag));
     }
   }
@@ -130,7 +130,7 @@ class ReduceLane final : public LaneMachine {
   int size_;
   int right_;
   int left_;
-  std::array<std::vector<float>, 2> scratch_;  // receive buffers of even and odd steps
+  std::array<std::span<float>, 2> scratch_;  // receive buffers of even and odd steps
   std::array<std::vector<Request>, 2> receives_;
   std::vector<Request> sends_;
   int step_ = 0;
@@ -221,11 +221,33 @@ void run(std::vector<std::unique_ptr<LaneMachine>>& machines) {
 
 }  // namespace
 
+namespace {
+std::array<std::vector<float>, kWorkingCopySlot + 1>& scratch_pool() {
+  thread_local std::array<std::vector<float>, kWorkingCopySlot + 1> pool;
+  return pool;
+}
+}  // namespace
+
+void release_scratch() {
+  for (auto& buffer : scratch_pool()) std::vector<float>().swap(buffer);
+}
+
+std::span<float> scratch(int slot, std::size_t elements) {
+  auto& buffer = scratch_pool().at(static_cast<std::size_t>(slot));
+  if (buffer.size() < elements) {
+    buffer.clear();
+    buffer.shrink_to_fit();
+    buffer.resize(elements);
+  }
+  return std::span<float>(buffer).first(elements);
+}
+
 void reduce_phase(Transport& t, std::span<const Lane> lanes, std::span<float> acc, ReduceOp op,
                   std::size_t segment_elements) {
   std::vector<std::unique_ptr<LaneMachine>> machines;
-  for (const Lane& lane : lanes) {
-    machines.push_back(std::make_unique<ReduceLane>(t, lane, acc, op, segment_elements));
+  for (std::size_t i = 0; i < lanes.size(); ++i) {
+    machines.push_back(
+        std::make_unique<ReduceLane>(t, lanes[i], static_cast<int>(i), acc, op, segment_elements));
   }
   run(machines);
 }

@@ -28,6 +28,14 @@ struct Lane {
   int tag = 0;
 };
 
+// Scratch memory kept between collectives, per thread: slot 0..3 for the receive buffers of
+// two lanes (even and odd steps), slot 4 for float32 working copies. Fresh large allocations
+// are expensive (the first touch of every page faults; on a VM it can cost more than the
+// transfer), and the same gradient sizes come back every training step.
+std::span<float> scratch(int slot, std::size_t elements);
+inline constexpr int kWorkingCopySlot = 4;
+void release_scratch();  // this thread's
+
 // Reduce-scatter round: after it, acc[blocks[position]] holds the reduction over the ring of
 // that block, folded in ring order starting at position+1. Messages carry float32 partials
 // cut into segments of at most segment_elements; segment k of step s is sent on as soon as
