@@ -56,18 +56,18 @@ std::vector<ArchPreset> make_presets() {
       "FLOP per cycle per tile: 31.1 TFLOPS FP32 and 124.5 TFLOPS FP16 / 1216 tiles / 1.6 GHz",
       "exchange 4 bytes/cycle/tile, vector width: Jia et al. arXiv 1912.03413",
       "external sync 500 cycles: globalSyncCycles of an early Poplar IPUModel preset",
-      "host link: as MK2 (assumed)", kAssumedOverheads};
+      "host link: as MK2 (assumed)",
+      kAssumedOverheads};
   p.push_back(mk1);
 
   ArchPreset bow = mk2;
   bow.name = "bow";
   bow.description = "Bow IPU (Bow-2000)";
   bow.clock_hz = 1.85e9;
-  bow.sources = {
-      "tiles, SRAM per tile: as GC200 (Graphcore Bow-2000 datasheet)",
-      "clock 1.85 GHz and 350 TFLOPS FP16 (= 128 FLOP/cycle/tile): Bow-2000 datasheet",
-      "FP32 32 FLOP/cycle/tile: same ratio as GC200, unverified",
-      "exchange, vector width, sync, host link: as MK2", kAssumedOverheads};
+  bow.sources = {"tiles, SRAM per tile: as GC200 (Graphcore Bow-2000 datasheet)",
+                 "clock 1.85 GHz and 350 TFLOPS FP16 (= 128 FLOP/cycle/tile): Bow-2000 datasheet",
+                 "FP32 32 FLOP/cycle/tile: same ratio as GC200, unverified",
+                 "exchange, vector width, sync, host link: as MK2", kAssumedOverheads};
   p.push_back(bow);
 
   ArchPreset tiny = mk2;

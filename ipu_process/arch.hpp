@@ -16,19 +16,19 @@ struct ArchPreset {
   unsigned tiles = 0;
   std::size_t bytes_per_tile = 0;
   double clock_hz = 0;
-  unsigned workers_per_tile = 0;          // hardware worker contexts, barrel-scheduled
+  unsigned workers_per_tile = 0;             // hardware worker contexts, barrel-scheduled
   double fp32_flops_per_cycle_per_tile = 0;  // accumulating matrix product (AMP) rate
   double fp16_flops_per_cycle_per_tile = 0;
-  unsigned fp32_vector_width = 0;         // float lanes of one vector ALU instruction
+  unsigned fp32_vector_width = 0;  // float lanes of one vector ALU instruction
   double exchange_bytes_per_cycle_per_tile = 0;
   std::uint64_t exchange_latency_cycles = 0;
-  std::uint64_t sync_cycles_internal = 0;  // sync of the tiles of one IPU
-  std::uint64_t sync_cycles_external = 0;  // sync across IPUs
-  std::uint64_t vertex_overhead_cycles = 0;  // per-vertex call and loop set-up (worker cycles)
+  std::uint64_t sync_cycles_internal = 0;         // sync of the tiles of one IPU
+  std::uint64_t sync_cycles_external = 0;         // sync across IPUs
+  std::uint64_t vertex_overhead_cycles = 0;       // per-vertex call and loop set-up (worker cycles)
   std::size_t vertex_state_bytes_per_region = 0;  // pointer + size per connected region
-  std::size_t codelet_code_bytes = 0;     // code of one codelet kind on a tile
-  double host_link_bytes_per_s = 0;       // IPU <-> host (PCIe to the gateway)
-  std::vector<std::string> sources;       // where each figure comes from
+  std::size_t codelet_code_bytes = 0;             // code of one codelet kind on a tile
+  double host_link_bytes_per_s = 0;               // IPU <-> host (PCIe to the gateway)
+  std::vector<std::string> sources;               // where each figure comes from
 
   double peak_fp32_flops() const { return fp32_flops_per_cycle_per_tile * tiles * clock_hz; }
   std::size_t bytes_per_ipu() const { return bytes_per_tile * tiles; }

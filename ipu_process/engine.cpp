@@ -64,18 +64,22 @@ struct Engine::CompiledExchange {
 struct Engine::Node {
   Program::Kind kind = Program::Kind::sequence;
   std::vector<Node> children;
-  std::size_t index = 0;        // compute set or exchange
-  std::uint64_t count = 0;      // repeat count
+  std::size_t index = 0;    // compute set or exchange
+  std::uint64_t count = 0;  // repeat count
   SyncKind sync = SyncKind::internal;
   CollectiveOp op = CollectiveOp::sum;
   std::string stream;
-  std::vector<Piece> pieces;    // stream and collective data, in element order
+  std::vector<Piece> pieces;  // stream and collective data or the predicate, in element order
   std::size_t bytes = 0;
+  DType dtype = DType::f32;
+  std::string name;  // for the trace
 };
 
 namespace {
 constexpr std::size_t kAlignment = 8;
-std::size_t align_up(std::size_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
+std::size_t align_up(std::size_t n) {
+  return (n + kAlignment - 1) / kAlignment * kAlignment;
+}
 
 std::string format_bytes(std::size_t b) {
   std::ostringstream os;
@@ -84,51 +88,206 @@ std::string format_bytes(std::size_t b) {
 }
 }  // namespace
 
-Engine::Engine(const Graph& graph, std::map<std::string, Program> programs,
-               EngineOptions options)
-    : graph_(graph), options_(options) {
-  allocate_memory();
+Engine::Engine(const Graph& graph, std::map<std::string, Program> programs, EngineOptions options)
+    : graph_(graph), options_(options), pool_(std::make_unique<ThreadPool>(options.threads)) {
+  allocate_memory(programs);
   for (auto& [name, program] : programs)
     programs_.emplace(name, std::make_unique<Node>(compile(program)));
 }
 
 Engine::~Engine() = default;
 
-void Engine::allocate_memory() {
+namespace {
+
+// Live range of a variable in the order program steps run: [first, last] step positions.
+struct LiveRange {
+  std::size_t first = SIZE_MAX, last = 0;
+  int program = -1;
+  bool whole_run = false;  // used by several programs or by none: live throughout
+  bool overlaps(const LiveRange& o) const {
+    return whole_run || o.whole_run || (first <= o.last && o.first <= last);
+  }
+};
+
+// Walks the program trees, numbering every step that touches tile memory, and extends the
+// range of anything touched inside a loop to the whole loop (values may cross iterations).
+class LivenessWalk {
+ public:
+  LivenessWalk(const Graph& graph, std::vector<LiveRange>& ranges)
+      : graph_(graph), ranges_(ranges) {}
+
+  void walk_program(const Program& p, int program) {
+    program_ = program;
+    walk(p);
+    for (const auto& [b, e] : loops_)
+      for (auto& r : ranges_)
+        if (!r.whole_run && r.program >= 0 && r.first <= e && b <= r.last) {
+          r.first = std::min(r.first, b);
+          r.last = std::max(r.last, e);
+        }
+    loops_.clear();
+  }
+
+ private:
+  void touch(const Tensor& t) {
+    LiveRange& r = ranges_.at(t.variable());
+    if (r.program >= 0 && r.program != program_) r.whole_run = true;
+    r.program = program_;
+    r.first = std::min(r.first, position_);
+    r.last = std::max(r.last, position_);
+  }
+  void walk(const Program& p) {
+    switch (p.kind()) {
+      case Program::Kind::sequence:
+        for (const auto& c : p.children()) walk(c);
+        return;
+      case Program::Kind::repeat:
+      case Program::Kind::repeat_while_true: {
+        const std::size_t begin = position_;
+        for (const auto& t : p.tensors()) touch(t);
+        for (const auto& c : p.children()) walk(c);
+        loops_.emplace_back(begin, position_);
+        ++position_;
+        return;
+      }
+      case Program::Kind::if_else:
+        touch(p.tensors()[0]);
+        for (const auto& c : p.children()) walk(c);
+        break;
+      case Program::Kind::execute:
+        for (const auto& v : graph_.compute_sets().at(p.compute_set()).vertices)
+          for (const auto& f : v.fields)
+            for (const auto& t : f) touch(t);
+        break;
+      case Program::Kind::copy:
+        for (const auto& [src, dst] : p.pairs()) touch(src), touch(dst);
+        break;
+      case Program::Kind::sync:
+        break;
+      case Program::Kind::stream_to_device:
+      case Program::Kind::stream_from_device:
+      case Program::Kind::all_reduce:
+        for (const auto& t : p.tensors()) touch(t);
+        break;
+    }
+    ++position_;
+  }
+
+  const Graph& graph_;
+  std::vector<LiveRange>& ranges_;
+  std::vector<std::pair<std::size_t, std::size_t>> loops_;
+  std::size_t position_ = 0;
+  int program_ = -1;
+};
+
+struct Placement {
+  std::size_t offset, bytes;
+  const LiveRange* range;
+};
+
+// Lowest offset at or above `floor` where `bytes` fit beside everything live at the same time.
+std::size_t first_fit(std::vector<Placement>& placed, const LiveRange& range, std::size_t bytes,
+                      std::size_t floor) {
+  std::vector<std::pair<std::size_t, std::size_t>> busy;
+  for (const auto& p : placed)
+    if (p.range->overlaps(range)) busy.emplace_back(p.offset, p.offset + p.bytes);
+  std::sort(busy.begin(), busy.end());
+  std::size_t offset = align_up(floor);
+  for (const auto& [b, e] : busy) {
+    if (offset + bytes <= b) break;
+    offset = std::max(offset, align_up(e));
+  }
+  return offset;
+}
+
+}  // namespace
+
+void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
   const ArchPreset& arch = graph_.arch();
   memory_.arch = arch.name;
   memory_.bytes_per_tile = arch.bytes_per_tile;
   memory_.tiles.resize(arch.tiles);
   for (unsigned t = 0; t < arch.tiles; ++t) memory_.tiles[t].tile = t;
 
-  std::vector<std::size_t> used(arch.tiles, 0);
-  std::vector<std::map<VariableId, std::size_t>> per_tile_var(arch.tiles);
   const auto& vars = graph_.variables();
-  interval_offsets_.resize(vars.size());
+  std::vector<LiveRange> ranges(vars.size());
+  {
+    LivenessWalk walk(graph_, ranges);
+    int index = 0;
+    for (const auto& [name, program] : programs) walk.walk_program(program, index++);
+  }
+  struct Item {
+    VariableId var;
+    std::size_t interval, bytes;
+  };
+  std::vector<std::vector<Item>> per_tile(arch.tiles);
   for (VariableId id = 0; id < vars.size(); ++id) {
     const Variable& v = vars[id];
+    if (always_live(v.category) || v.host_access || ranges[id].program < 0)
+      ranges[id].whole_run = true;
     std::size_t mapped = 0;
-    for (const auto& iv : v.mapping) {
-      const std::size_t bytes = (iv.end - iv.begin) * dtype_size(v.dtype);
-      used[iv.tile] = align_up(used[iv.tile]);
-      interval_offsets_[id].push_back(used[iv.tile]);
-      used[iv.tile] += bytes;
-      per_tile_var[iv.tile][id] += bytes;
+    for (std::size_t k = 0; k < v.mapping.size(); ++k) {
+      const auto& iv = v.mapping[k];
+      per_tile[iv.tile].push_back({id, k, (iv.end - iv.begin) * dtype_size(v.dtype)});
       mapped += iv.end - iv.begin;
     }
     if (mapped != v.elements)
-      throw std::logic_error("variable '" + v.name + "' has " + std::to_string(v.elements - mapped) +
-                             " of its " + std::to_string(v.elements) +
-                             " elements unmapped; every element needs a tile");
+      throw std::logic_error(
+          "variable '" + v.name + "' has " + std::to_string(v.elements - mapped) + " of its " +
+          std::to_string(v.elements) + " elements unmapped; every element needs a tile");
+    interval_offsets_.emplace_back(v.mapping.size(), 0);
   }
+
+  // Per tile: always-live data at the bottom, then everything else first-fit by size, sharing
+  // bytes between variables that are never live at the same time.
+  std::vector<std::size_t> used(arch.tiles, 0);
   for (unsigned t = 0; t < arch.tiles; ++t) {
     TileMemory& tm = memory_.tiles[t];
-    for (const auto& [id, bytes] : per_tile_var[t]) {
-      const Variable& v = vars[id];
-      (always_live(v.category) ? tm.always_live : tm.not_always_live) += bytes;
-      tm.by_category[v.category] += bytes;
-      tm.largest.push_back({v.name, v.category, bytes});
+    auto& items = per_tile[t];
+    std::map<VariableId, std::size_t> var_bytes;
+    std::size_t top = 0;
+    for (const Item& it : items) {
+      const Variable& v = vars[it.var];
+      var_bytes[it.var] += it.bytes;
+      tm.by_category[v.category] += it.bytes;
+      if (!always_live(v.category)) continue;
+      interval_offsets_[it.var][it.interval] = align_up(top);
+      top = align_up(top) + it.bytes;
+      tm.always_live += it.bytes;
     }
+    const std::size_t floor = align_up(top);
+    std::vector<const Item*> rest;
+    for (const Item& it : items)
+      if (!always_live(vars[it.var].category)) rest.push_back(&it);
+    std::stable_sort(rest.begin(), rest.end(),
+                     [](auto* a, auto* b) { return a->bytes > b->bytes; });
+    std::vector<Placement> placed;
+    std::size_t high = floor;
+    for (const Item* it : rest) {
+      const std::size_t offset = first_fit(placed, ranges[it->var], it->bytes, floor);
+      interval_offsets_[it->var][it->interval] = offset;
+      placed.push_back({offset, it->bytes, &ranges[it->var]});
+      high = std::max(high, offset + it->bytes);
+    }
+    tm.not_always_live = rest.empty() ? 0 : high - top;
+    // Peak of simultaneously live bytes, to tell sharing apart from fragmentation.
+    std::vector<std::pair<std::size_t, std::ptrdiff_t>> events;
+    std::size_t whole = 0;
+    for (const auto& p : placed) {
+      if (p.range->whole_run) {
+        whole += p.bytes;
+        continue;
+      }
+      events.emplace_back(p.range->first, static_cast<std::ptrdiff_t>(p.bytes));
+      events.emplace_back(p.range->last + 1, -static_cast<std::ptrdiff_t>(p.bytes));
+    }
+    std::sort(events.begin(), events.end());
+    std::ptrdiff_t live = 0, peak = 0;
+    for (const auto& [pos, delta] : events) peak = std::max(peak, live += delta);
+    tm.peak_live = std::min(tm.not_always_live, whole + static_cast<std::size_t>(peak));
+    used[t] = high;
+    for (const auto& [id, bytes] : var_bytes)
+      tm.largest.push_back({vars[id].name, vars[id].category, bytes});
     std::sort(tm.largest.begin(), tm.largest.end(),
               [](auto& a, auto& b) { return a.bytes > b.bytes; });
     if (tm.largest.size() > 5) tm.largest.resize(5);
@@ -185,10 +344,10 @@ std::vector<Engine::Piece> Engine::resolve(const Tensor& t) const {
     const std::size_t k = static_cast<std::size_t>(it - m.begin());
     const std::size_t lo = std::max(it->begin, b), hi = std::min(it->end, e);
     std::byte* base = arenas_[it->tile].get();
-    out.push_back({it->tile,
-                   base ? base + interval_offsets_[t.variable()][k] + (lo - it->begin) * esize
-                        : nullptr,
-                   hi - lo});
+    out.push_back(
+        {it->tile,
+         base ? base + interval_offsets_[t.variable()][k] + (lo - it->begin) * esize : nullptr,
+         hi - lo});
   }
   return out;
 }
@@ -200,11 +359,18 @@ Engine::Node Engine::compile(const Program& p) {
   switch (p.kind()) {
     case Program::Kind::sequence:
     case Program::Kind::repeat:
+    case Program::Kind::repeat_while_true:
+    case Program::Kind::if_else:
       node.count = p.count();
       for (const auto& c : p.children()) node.children.push_back(compile(c));
+      if (!p.tensors().empty()) {
+        node.pieces = resolve(p.tensors()[0]);
+        node.dtype = p.tensors()[0].dtype();
+      }
       break;
     case Program::Kind::execute: {
       const ComputeSet& cs = graph_.compute_sets().at(p.compute_set());
+      node.name = cs.name;
       auto ccs = std::make_unique<CompiledComputeSet>();
       const auto& registry = CodeletRegistry::builtin();
       std::map<unsigned, std::vector<std::uint64_t>> worker_loads;
@@ -234,7 +400,8 @@ Engine::Node Engine::compile(const Program& p) {
                                      "): field '" + codelet.fields[f] + "' region " +
                                      graph_.describe(region) +
                                      " is not contiguous in tile memory; split it into regions");
-            ccs->regions.push_back(pieces.empty() ? Region{} : Region{pieces[0].data, region.elements()});
+            ccs->regions.push_back(pieces.empty() ? Region{}
+                                                  : Region{pieces[0].data, region.elements()});
           }
         }
         ccs->params.insert(ccs->params.end(), v.params.begin(), v.params.end());
@@ -260,6 +427,7 @@ Engine::Node Engine::compile(const Program& p) {
       break;
     }
     case Program::Kind::copy: {
+      node.name = "exchange";
       auto ex = std::make_unique<CompiledExchange>();
       std::map<unsigned, std::size_t> bytes_out, bytes_in;
       for (const auto& [src, dst] : p.pairs()) {
@@ -268,7 +436,8 @@ Engine::Node Engine::compile(const Program& p) {
         std::size_t si = 0, di = 0, soff = 0, doff = 0;
         while (si < s.size() && di < d.size()) {
           const std::size_t n = std::min(s[si].elements - soff, d[di].elements - doff);
-          ex->transfers.push_back({s[si].data + soff * esize, d[di].data + doff * esize, n * esize});
+          ex->transfers.push_back(
+              {s[si].data + soff * esize, d[di].data + doff * esize, n * esize});
           bytes_out[s[si].tile] += n * esize;
           bytes_in[d[di].tile] += n * esize;
           soff += n;
@@ -281,8 +450,8 @@ Engine::Node Engine::compile(const Program& p) {
       for (auto& [t, b] : bytes_out) worst = std::max(worst, b);
       for (auto& [t, b] : bytes_in) worst = std::max(worst, b);
       ex->cycles = arch.exchange_latency_cycles +
-                   static_cast<std::uint64_t>(
-                       std::ceil(static_cast<double>(worst) / arch.exchange_bytes_per_cycle_per_tile));
+                   static_cast<std::uint64_t>(std::ceil(static_cast<double>(worst) /
+                                                        arch.exchange_bytes_per_cycle_per_tile));
       node.index = exchanges_.size();
       exchanges_.push_back(std::move(ex));
       break;
@@ -294,6 +463,7 @@ Engine::Node Engine::compile(const Program& p) {
     case Program::Kind::stream_from_device:
     case Program::Kind::all_reduce:
       node.stream = p.stream();
+      node.name = p.kind() == Program::Kind::all_reduce ? "all_reduce" : p.stream();
       node.op = p.collective_op();
       for (const Tensor& t : p.tensors()) {
         auto pieces = resolve(t);
@@ -305,6 +475,29 @@ Engine::Node Engine::compile(const Program& p) {
   return node;
 }
 
+void Engine::account(const char* category, std::uint64_t CycleBreakdown::*field,
+                     std::uint64_t cycles, const std::string& name) {
+  if (trace_.size() < options_.trace_events)
+    trace_.push_back({name, category, cycles_.total(), cycles});
+  cycles_.*field += cycles;
+}
+
+bool Engine::predicate(const Node& node) const {
+  const std::byte* p = node.pieces.at(0).data;
+  switch (node.dtype) {
+    case DType::f32: {
+      float v;
+      std::memcpy(&v, p, sizeof v);
+      return v != 0.f;
+    }
+    default: {
+      std::uint32_t v;
+      std::memcpy(&v, p, sizeof v);
+      return v != 0;
+    }
+  }
+}
+
 void Engine::execute(const Node& node) {
   const ArchPreset& arch = graph_.arch();
   switch (node.kind) {
@@ -314,27 +507,46 @@ void Engine::execute(const Node& node) {
     case Program::Kind::repeat:
       for (std::uint64_t i = 0; i < node.count; ++i) execute(node.children[0]);
       break;
+    case Program::Kind::repeat_while_true:
+      // Each test of the predicate is a sync: every tile must agree on the branch.
+      for (;;) {
+        execute(node.children[0]);
+        account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "predicate");
+        if (!predicate(node)) break;
+        execute(node.children[1]);
+      }
+      break;
+    case Program::Kind::if_else:
+      account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "predicate");
+      execute(node.children[predicate(node) ? 0 : 1]);
+      break;
     case Program::Kind::execute: {
       const CompiledComputeSet& cs = *compute_sets_[node.index];
-      for (const auto& v : cs.vertices) {
-        VertexContext ctx(std::span(cs.fields).subspan(v.field_begin, v.field_count),
-                          std::span(cs.params).subspan(v.param_begin, v.param_count));
-        v.codelet->compute(ctx);
-      }
-      cycles_.compute += cs.cycles;
-      cycles_.sync += arch.sync_cycles_internal;
+      // Vertices of a compute set write disjoint memory, so any split of them is exact.
+      pool_->parallel_for(cs.vertices.size(), [&](std::size_t b, std::size_t e) {
+        for (std::size_t i = b; i < e; ++i) {
+          const auto& v = cs.vertices[i];
+          VertexContext ctx(std::span(cs.fields).subspan(v.field_begin, v.field_count),
+                            std::span(cs.params).subspan(v.param_begin, v.param_count));
+          v.codelet->compute(ctx);
+        }
+      });
+      account("compute", &CycleBreakdown::compute, cs.cycles, node.name);
+      account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");
       break;
     }
     case Program::Kind::copy: {
       const CompiledExchange& ex = *exchanges_[node.index];
       for (const auto& tr : ex.transfers) std::memmove(tr.dst, tr.src, tr.bytes);
-      cycles_.exchange += ex.cycles;
-      cycles_.sync += arch.sync_cycles_internal;
+      account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");
+      account("exchange", &CycleBreakdown::exchange, ex.cycles, node.name);
       break;
     }
     case Program::Kind::sync:
-      cycles_.sync +=
-          node.sync == SyncKind::internal ? arch.sync_cycles_internal : arch.sync_cycles_external;
+      if (node.sync == SyncKind::internal)
+        account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");
+      else
+        account("sync", &CycleBreakdown::sync, arch.sync_cycles_external, "external sync");
       break;
     case Program::Kind::stream_to_device:
     case Program::Kind::stream_from_device:
@@ -357,19 +569,9 @@ void Engine::execute(const Node& node) {
           off += piece.elements * esize;
         }
       };
-      if (node.kind == Program::Kind::stream_to_device) {
-        auto it = inputs_.find(node.stream);
-        if (it == inputs_.end())
-          throw std::logic_error("host-to-device stream '" + node.stream + "' is not connected");
-        it->second(staging_);
-        scatter();
-      } else if (node.kind == Program::Kind::stream_from_device) {
-        auto it = outputs_.find(node.stream);
-        if (it == outputs_.end())
-          throw std::logic_error("device-to-host stream '" + node.stream + "' is not connected");
-        gather();
-        it->second(staging_);
-      } else {
+      // Host and fabric transfers start with a sync across the IPU and its peers.
+      account("sync", &CycleBreakdown::sync, arch.sync_cycles_external, "external sync");
+      if (node.kind == Program::Kind::all_reduce) {
         if (!collectives_.all_reduce)
           throw std::logic_error("all_reduce program run without a fabric binding");
         gather();
@@ -377,14 +579,29 @@ void Engine::execute(const Node& node) {
             std::span(reinterpret_cast<float*>(staging_.data()), node.bytes / sizeof(float)),
             node.op);
         scatter();
-        cycles_.fabric += static_cast<std::uint64_t>(
-            std::ceil(collectives_.predict_seconds(node.bytes) * arch.clock_hz));
-        cycles_.sync += arch.sync_cycles_external;
+        account("fabric", &CycleBreakdown::fabric,
+                static_cast<std::uint64_t>(
+                    std::ceil(collectives_.predict_seconds(node.bytes) * arch.clock_hz)),
+                node.name);
         break;
       }
-      cycles_.host += static_cast<std::uint64_t>(
-          std::ceil(static_cast<double>(node.bytes) / arch.host_link_bytes_per_s * arch.clock_hz));
-      cycles_.sync += arch.sync_cycles_external;
+      if (node.kind == Program::Kind::stream_to_device) {
+        auto it = inputs_.find(node.stream);
+        if (it == inputs_.end())
+          throw std::logic_error("host-to-device stream '" + node.stream + "' is not connected");
+        it->second(staging_);
+        scatter();
+      } else {
+        auto it = outputs_.find(node.stream);
+        if (it == outputs_.end())
+          throw std::logic_error("device-to-host stream '" + node.stream + "' is not connected");
+        gather();
+        it->second(staging_);
+      }
+      account("host", &CycleBreakdown::host,
+              static_cast<std::uint64_t>(std::ceil(static_cast<double>(node.bytes) /
+                                                   arch.host_link_bytes_per_s * arch.clock_hz)),
+              node.name);
       break;
     }
   }
@@ -402,8 +619,9 @@ void Engine::connect_output_stream(const std::string& name,
 
 void Engine::run(const std::string& program) {
   if (memory_.tiles_over() > 0)
-    throw std::logic_error("cannot run: the graph was compiled with allow-out-of-memory and does "
-                           "not fit on the IPU (see the memory report)");
+    throw std::logic_error(
+        "cannot run: the graph was compiled with allow-out-of-memory and does "
+        "not fit on the IPU (see the memory report)");
   auto it = programs_.find(program);
   if (it == programs_.end()) throw std::invalid_argument("no program named '" + program + "'");
   execute(*it->second);
@@ -413,12 +631,21 @@ double Engine::seconds(const CycleBreakdown& c) const {
   return static_cast<double>(c.total()) / graph_.arch().clock_hz;
 }
 
+void Engine::check_host_access(const Tensor& t) const {
+  const Variable& v = graph_.variable(t.variable());
+  if (!v.host_access && !always_live(v.category))
+    throw std::logic_error("the host cannot access " + graph_.describe(t) +
+                           ": its bytes are shared with other tensors when it is not live; "
+                           "call Graph::set_host_access on it before building the engine");
+}
+
 void Engine::write(const Tensor& t, std::span<const std::byte> bytes) {
+  check_host_access(t);
   const std::size_t esize = dtype_size(t.dtype());
   if (bytes.size() != t.elements() * esize)
     throw std::invalid_argument("write of " + std::to_string(bytes.size()) + " bytes to " +
-                                graph_.describe(t) + " of " +
-                                std::to_string(t.elements() * esize) + " bytes");
+                                graph_.describe(t) + " of " + std::to_string(t.elements() * esize) +
+                                " bytes");
   std::size_t off = 0;
   for (const auto& piece : resolve(t)) {
     std::memcpy(piece.data, bytes.data() + off, piece.elements * esize);
@@ -427,6 +654,7 @@ void Engine::write(const Tensor& t, std::span<const std::byte> bytes) {
 }
 
 std::vector<std::byte> Engine::read(const Tensor& t) const {
+  check_host_access(t);
   const std::size_t esize = dtype_size(t.dtype());
   std::vector<std::byte> out(t.elements() * esize);
   std::size_t off = 0;

@@ -1,5 +1,6 @@
-// The engine: compiles a device graph and its programs (tile-locality checks, static memory
-// allocation per tile, exchange plans), then runs programs in BSP supersteps counting cycles.
+// The engine: compiles a device graph and its programs (tile-locality checks, liveness-aware
+// static memory allocation per tile, exchange plans), then runs programs in BSP supersteps
+// counting predicted cycles, optionally on several host threads and recording a trace.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include "ipu_process/codelets.hpp"
 #include "ipu_process/graph.hpp"
 #include "ipu_process/program.hpp"
+#include "ipu_process/thread_pool.hpp"
 
 namespace ipupod::ipu {
 
@@ -32,8 +34,12 @@ struct TensorMemory {
 
 struct TileMemory {
   unsigned tile = 0;
-  std::size_t always_live = 0, not_always_live = 0, vertex_state = 0, code = 0;
-  std::map<MemoryCategory, std::size_t> by_category;
+  std::size_t always_live = 0;      // weights and optimizer state: live for the whole run
+  std::size_t not_always_live = 0;  // bytes the liveness-aware layout needs for everything else
+  std::size_t peak_live = 0;        // the most not-always-live bytes live at one time
+  std::size_t vertex_state = 0, code = 0;
+  std::map<MemoryCategory, std::size_t> by_category;                // bytes before liveness sharing
+  std::size_t gaps() const { return not_always_live - peak_live; }  // fragmentation
   std::vector<TensorMemory> largest;  // the biggest tensors on this tile, largest first
   std::size_t total() const { return always_live + not_always_live + vertex_state + code; }
 };
@@ -59,6 +65,15 @@ class OutOfMemoryError : public std::runtime_error {
 
 struct EngineOptions {
   bool allow_out_of_memory = false;  // finish the compile and keep the report instead of failing
+  unsigned threads = 1;              // host threads executing a compute set's vertices
+  std::size_t trace_events = 0;      // record the first N timeline events (0: no trace)
+};
+
+// One step of the predicted timeline, in cycles since the engine was built.
+struct TraceEvent {
+  std::string name;
+  const char* category;  // compute, exchange, sync, host, fabric
+  std::uint64_t start_cycles, cycles;
 };
 
 // How the device reaches its peers: the pod binds a fabric all-reduce over the replica group
@@ -76,15 +91,18 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   const MemoryReport& memory() const { return memory_; }
-  void connect_input_stream(const std::string& name, std::function<void(std::span<std::byte>)> fill);
+  void connect_input_stream(const std::string& name,
+                            std::function<void(std::span<std::byte>)> fill);
   void connect_output_stream(const std::string& name,
                              std::function<void(std::span<const std::byte>)> consume);
   void bind_collectives(CollectiveBinding binding) { collectives_ = std::move(binding); }
 
   void run(const std::string& program);
   const CycleBreakdown& cycles() const { return cycles_; }  // accumulated over every run
-  double seconds(const CycleBreakdown& c) const;          // on the preset's clock
+  const std::vector<TraceEvent>& trace() const { return trace_; }
+  double seconds(const CycleBreakdown& c) const;  // on the preset's clock
 
+  // Host access between runs, to always-live tensors or those given Graph::set_host_access.
   void write(const Tensor& t, std::span<const std::byte> bytes);
   std::vector<std::byte> read(const Tensor& t) const;
 
@@ -98,7 +116,11 @@ class Engine {
   struct CompiledComputeSet;
   struct CompiledExchange;
 
-  void allocate_memory();
+  void allocate_memory(const std::map<std::string, Program>& programs);
+  void account(const char* category, std::uint64_t CycleBreakdown::*field, std::uint64_t cycles,
+               const std::string& name);
+  bool predicate(const Node& node) const;
+  void check_host_access(const Tensor& t) const;
   std::vector<Piece> resolve(const Tensor& t) const;
   Node compile(const Program& p);
   void execute(const Node& node);
@@ -106,8 +128,8 @@ class Engine {
   const Graph& graph_;
   EngineOptions options_;
   MemoryReport memory_;
-  std::vector<std::unique_ptr<std::byte[]>> arenas_;          // per tile, sized to its use
-  std::vector<std::vector<std::size_t>> interval_offsets_;    // per variable, per mapping interval
+  std::vector<std::unique_ptr<std::byte[]>> arenas_;        // per tile, sized to its use
+  std::vector<std::vector<std::size_t>> interval_offsets_;  // per variable, per mapping interval
   std::vector<std::unique_ptr<CompiledComputeSet>> compute_sets_;
   std::vector<std::unique_ptr<CompiledExchange>> exchanges_;
   std::map<std::string, std::unique_ptr<Node>> programs_;
@@ -115,7 +137,9 @@ class Engine {
   std::map<std::string, std::function<void(std::span<const std::byte>)>> outputs_;
   CollectiveBinding collectives_;
   CycleBreakdown cycles_;
+  std::vector<TraceEvent> trace_;
   std::vector<std::byte> staging_;
+  std::unique_ptr<ThreadPool> pool_;
 };
 
 }  // namespace ipupod::ipu

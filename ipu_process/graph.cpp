@@ -10,33 +10,48 @@ namespace ipupod::ipu {
 
 std::size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::f32: return 4;
-    case DType::f16: return 2;
-    case DType::i32: return 4;
-    case DType::u32: return 4;
-    case DType::u8: return 1;
+    case DType::f32:
+      return 4;
+    case DType::f16:
+      return 2;
+    case DType::i32:
+      return 4;
+    case DType::u32:
+      return 4;
+    case DType::u8:
+      return 1;
   }
   return 0;
 }
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "float32";
-    case DType::f16: return "float16";
-    case DType::i32: return "int32";
-    case DType::u32: return "uint32";
-    case DType::u8: return "uint8";
+    case DType::f32:
+      return "float32";
+    case DType::f16:
+      return "float16";
+    case DType::i32:
+      return "int32";
+    case DType::u32:
+      return "uint32";
+    case DType::u8:
+      return "uint8";
   }
   return "?";
 }
 
 const char* category_name(MemoryCategory category) {
   switch (category) {
-    case MemoryCategory::weight: return "weight";
-    case MemoryCategory::optimizer_state: return "optimizer_state";
-    case MemoryCategory::activation: return "activation";
-    case MemoryCategory::temporary: return "temporary";
-    case MemoryCategory::stream: return "stream";
+    case MemoryCategory::weight:
+      return "weight";
+    case MemoryCategory::optimizer_state:
+      return "optimizer_state";
+    case MemoryCategory::activation:
+      return "activation";
+    case MemoryCategory::temporary:
+      return "temporary";
+    case MemoryCategory::stream:
+      return "stream";
   }
   return "?";
 }
@@ -59,7 +74,9 @@ std::string shape_string(const std::vector<std::size_t>& shape) {
 Tensor::Tensor(VariableId var, std::size_t offset, std::vector<std::size_t> shape, DType dtype)
     : var_(var), offset_(offset), shape_(std::move(shape)), dtype_(dtype) {}
 
-std::size_t Tensor::elements() const { return product(shape_); }
+std::size_t Tensor::elements() const {
+  return product(shape_);
+}
 
 Tensor Tensor::reshape(std::vector<std::size_t> shape) const {
   if (product(shape) != elements())
@@ -112,6 +129,13 @@ void Graph::set_tile_mapping(const Tensor& t, unsigned tile) {
   if (t.elements() == 0) return;
   auto& m = variables_.at(t.variable()).mapping;
   const std::size_t b = t.offset(), e = t.offset() + t.elements();
+  if (m.empty() || m.back().end <= b) {  // the common case: mapping a variable front to back
+    if (!m.empty() && m.back().tile == tile && m.back().end == b)
+      m.back().end = e;
+    else
+      m.push_back({b, e, tile});
+    return;
+  }
   // Cut the new interval out of what is there, insert it, then merge same-tile neighbours.
   std::vector<TileInterval> out;
   for (const auto& iv : m) {
@@ -131,6 +155,10 @@ void Graph::set_tile_mapping(const Tensor& t, unsigned tile) {
     else
       m.push_back(iv);
   }
+}
+
+void Graph::set_host_access(const Tensor& t) {
+  variables_.at(t.variable()).host_access = true;
 }
 
 void Graph::map_linearly(const Tensor& t, std::size_t grain, unsigned first_tile,

@@ -39,7 +39,7 @@ class Tensor {
   std::size_t dim(std::size_t i) const { return shape_.at(i); }
 
   Tensor flatten() const { return reshape({elements()}); }
-  Tensor reshape(std::vector<std::size_t> shape) const;  // same element count, no copy
+  Tensor reshape(std::vector<std::size_t> shape) const;    // same element count, no copy
   Tensor slice(std::size_t begin, std::size_t end) const;  // flat elements, no copy
   Tensor row(std::size_t i) const;                         // index the first dimension
   Tensor rows(std::size_t begin, std::size_t end) const;   // range of the first dimension
@@ -62,6 +62,7 @@ struct Variable {
   std::vector<std::size_t> shape;
   std::size_t elements = 0;
   MemoryCategory category = MemoryCategory::activation;
+  bool host_access = false;           // read or written by the host: live for the whole run
   std::vector<TileInterval> mapping;  // sorted, disjoint, adjacent same-tile runs merged
 };
 
@@ -89,6 +90,9 @@ class Graph {
   Tensor add_variable(DType dtype, std::vector<std::size_t> shape, std::string name,
                       MemoryCategory category = MemoryCategory::activation);
   void set_tile_mapping(const Tensor& t, unsigned tile);
+  // Lets the host read and write the tensor's variable between program runs (like Poplar's
+  // createHostRead/createHostWrite); such a variable keeps its bytes for the whole run.
+  void set_host_access(const Tensor& t);
   // Spread the tensor over tiles [first_tile, first_tile + tile_count) in pieces that are
   // whole multiples of grain elements, as evenly as possible.
   void map_linearly(const Tensor& t, std::size_t grain = 1, unsigned first_tile = 0,

@@ -5,16 +5,26 @@
 
 namespace ipupod::ipu {
 
+Program::Program() : Program(Kind::sequence) {}
+
+Program::Program(Kind kind) : node_(std::make_shared<Node>()) {
+  node_->kind = kind;
+}
+
+Program::Node& Program::mutable_node() {
+  if (node_.use_count() > 1) node_ = std::make_shared<Node>(*node_);
+  return *node_;
+}
+
 Program Program::sequence(std::vector<Program> children) {
   Program p;
-  p.children_ = std::move(children);
+  p.node_->children = std::move(children);
   return p;
 }
 
 Program Program::execute(ComputeSetId cs) {
-  Program p;
-  p.kind_ = Kind::execute;
-  p.cs_ = cs;
+  Program p(Kind::execute);
+  p.node_->cs = cs;
   return p;
 }
 
@@ -23,42 +33,64 @@ Program Program::copy(std::vector<std::pair<Tensor, Tensor>> pairs) {
     if (src.elements() != dst.elements() || src.dtype() != dst.dtype())
       throw std::invalid_argument("copy between tensors of " + std::to_string(src.elements()) +
                                   " " + dtype_name(src.dtype()) + " and " +
-                                  std::to_string(dst.elements()) + " " +
-                                  dtype_name(dst.dtype()) + " elements: sizes or types differ");
-  Program p;
-  p.kind_ = Kind::copy;
-  p.pairs_ = std::move(pairs);
+                                  std::to_string(dst.elements()) + " " + dtype_name(dst.dtype()) +
+                                  " elements: sizes or types differ");
+  Program p(Kind::copy);
+  p.node_->pairs = std::move(pairs);
   return p;
 }
 
 Program Program::repeat(std::uint64_t count, Program body) {
-  Program p;
-  p.kind_ = Kind::repeat;
-  p.count_ = count;
-  p.children_.push_back(std::move(body));
+  Program p(Kind::repeat);
+  p.node_->count = count;
+  p.node_->children.push_back(std::move(body));
+  return p;
+}
+
+namespace {
+void check_predicate(const Tensor& predicate, const char* program) {
+  if (predicate.elements() != 1 || predicate.dtype() == DType::f16 ||
+      predicate.dtype() == DType::u8)
+    throw std::invalid_argument(
+        std::string(program) +
+        ": the predicate must be one int32, uint32 or float32 element, got " +
+        std::to_string(predicate.elements()) + " " + dtype_name(predicate.dtype()) + " elements");
+}
+}  // namespace
+
+Program Program::repeat_while_true(Program condition, Tensor predicate, Program body) {
+  check_predicate(predicate, "repeat_while_true");
+  Program p(Kind::repeat_while_true);
+  p.node_->children = {std::move(condition), std::move(body)};
+  p.node_->tensors = {std::move(predicate)};
+  return p;
+}
+
+Program Program::if_else(Tensor predicate, Program then_body, Program else_body) {
+  check_predicate(predicate, "if_else");
+  Program p(Kind::if_else);
+  p.node_->children = {std::move(then_body), std::move(else_body)};
+  p.node_->tensors = {std::move(predicate)};
   return p;
 }
 
 Program Program::sync(SyncKind kind) {
-  Program p;
-  p.kind_ = Kind::sync;
-  p.sync_ = kind;
+  Program p(Kind::sync);
+  p.node_->sync = kind;
   return p;
 }
 
 Program Program::stream_to_device(std::string stream, Tensor dst) {
-  Program p;
-  p.kind_ = Kind::stream_to_device;
-  p.stream_ = std::move(stream);
-  p.tensors_ = {std::move(dst)};
+  Program p(Kind::stream_to_device);
+  p.node_->stream = std::move(stream);
+  p.node_->tensors = {std::move(dst)};
   return p;
 }
 
 Program Program::stream_from_device(std::string stream, Tensor src) {
-  Program p;
-  p.kind_ = Kind::stream_from_device;
-  p.stream_ = std::move(stream);
-  p.tensors_ = {std::move(src)};
+  Program p(Kind::stream_from_device);
+  p.node_->stream = std::move(stream);
+  p.node_->tensors = {std::move(src)};
   return p;
 }
 
@@ -67,16 +99,15 @@ Program Program::all_reduce(std::vector<Tensor> tensors, CollectiveOp op) {
     if (t.dtype() != DType::f32)
       throw std::invalid_argument("all_reduce supports float32 tensors only, got " +
                                   std::string(dtype_name(t.dtype())));
-  Program p;
-  p.kind_ = Kind::all_reduce;
-  p.tensors_ = std::move(tensors);
-  p.op_ = op;
+  Program p(Kind::all_reduce);
+  p.node_->tensors = std::move(tensors);
+  p.node_->op = op;
   return p;
 }
 
 void Program::add(Program p) {
-  if (kind_ != Kind::sequence) throw std::logic_error("Program::add on a non-sequence program");
-  children_.push_back(std::move(p));
+  if (kind() != Kind::sequence) throw std::logic_error("Program::add on a non-sequence program");
+  mutable_node().children.push_back(std::move(p));
 }
 
 }  // namespace ipupod::ipu

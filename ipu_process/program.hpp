@@ -1,8 +1,9 @@
-// Programs that run on one IPU: a tree of Sequence, Execute, Copy, Repeat, Sync, host stream
-// copies and cross-replica collectives, like Poplar's program classes.
+// Programs that run on one IPU: a tree of Sequence, Execute, Copy, Repeat, RepeatWhileTrue, If,
+// Sync, host stream copies and cross-replica collectives, like Poplar's program classes.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +15,8 @@ namespace ipupod::ipu {
 enum class SyncKind : std::uint8_t { internal, external };
 enum class CollectiveOp : std::uint8_t { sum, mean };
 
+// A program is a cheap handle on an immutable tree node: copying one shares the node, and
+// Program::add copies the node first if it is shared (copy on write).
 class Program {
  public:
   enum class Kind : std::uint8_t {
@@ -21,19 +24,25 @@ class Program {
     execute,
     copy,
     repeat,
+    repeat_while_true,
+    if_else,
     sync,
     stream_to_device,
     stream_from_device,
     all_reduce
   };
 
-  Program() = default;  // an empty sequence
+  Program();  // an empty sequence
   static Program sequence(std::vector<Program> children = {});
   static Program execute(ComputeSetId cs);
   // All pairs move in one exchange phase; each pair is (source, destination), same size.
   static Program copy(std::vector<std::pair<Tensor, Tensor>> pairs);
   static Program copy(const Tensor& src, const Tensor& dst) { return copy({{src, dst}}); }
   static Program repeat(std::uint64_t count, Program body);
+  // Runs condition, then body while the scalar predicate (int32, uint32 or float32) is non-zero.
+  static Program repeat_while_true(Program condition, Tensor predicate, Program body);
+  // Runs then_body if the scalar predicate is non-zero, else else_body.
+  static Program if_else(Tensor predicate, Program then_body, Program else_body = Program());
   static Program sync(SyncKind kind);
   static Program stream_to_device(std::string stream, Tensor dst);
   static Program stream_from_device(std::string stream, Tensor src);
@@ -41,26 +50,32 @@ class Program {
   static Program all_reduce(std::vector<Tensor> tensors, CollectiveOp op);
 
   void add(Program p);  // append to a sequence
-  Kind kind() const { return kind_; }
-  const std::vector<Program>& children() const { return children_; }
-  ComputeSetId compute_set() const { return cs_; }
-  const std::vector<std::pair<Tensor, Tensor>>& pairs() const { return pairs_; }
-  std::uint64_t count() const { return count_; }
-  SyncKind sync_kind() const { return sync_; }
-  CollectiveOp collective_op() const { return op_; }
-  const std::string& stream() const { return stream_; }
-  const std::vector<Tensor>& tensors() const { return tensors_; }
+  Kind kind() const { return node_->kind; }
+  const std::vector<Program>& children() const { return node_->children; }
+  ComputeSetId compute_set() const { return node_->cs; }
+  const std::vector<std::pair<Tensor, Tensor>>& pairs() const { return node_->pairs; }
+  std::uint64_t count() const { return node_->count; }
+  SyncKind sync_kind() const { return node_->sync; }
+  CollectiveOp collective_op() const { return node_->op; }
+  const std::string& stream() const { return node_->stream; }
+  const std::vector<Tensor>& tensors() const { return node_->tensors; }
 
  private:
-  Kind kind_ = Kind::sequence;
-  std::vector<Program> children_;
-  ComputeSetId cs_ = 0;
-  std::vector<std::pair<Tensor, Tensor>> pairs_;
-  std::uint64_t count_ = 0;
-  SyncKind sync_ = SyncKind::internal;
-  CollectiveOp op_ = CollectiveOp::sum;
-  std::string stream_;
-  std::vector<Tensor> tensors_;
+  struct Node {
+    Kind kind = Kind::sequence;
+    std::vector<Program> children;
+    ComputeSetId cs = 0;
+    std::vector<std::pair<Tensor, Tensor>> pairs;
+    std::uint64_t count = 0;
+    SyncKind sync = SyncKind::internal;
+    CollectiveOp op = CollectiveOp::sum;
+    std::string stream;
+    std::vector<Tensor> tensors;  // stream data, collective data, or the predicate
+  };
+  explicit Program(Kind kind);
+  Node& mutable_node();
+
+  std::shared_ptr<Node> node_;
 };
 
 }  // namespace ipupod::ipu

@@ -44,7 +44,8 @@ class Lowering {
     const auto& info = op.output ? model_.graph.info(*op.output) : models::TensorInfo{};
     switch (op.kind) {
       case OpKind::input: {
-        result = g.add_variable(device_dtype(info.dtype), info.shape, op.name, ipu::MemoryCategory::stream);
+        result = g.add_variable(device_dtype(info.dtype), info.shape, op.name,
+                                ipu::MemoryCategory::stream);
         const std::size_t sample = info.shape.empty() ? 1 : info.elements() / info.shape[0];
         g.map_linearly(result, sample);
         break;
@@ -162,13 +163,14 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
     const ipu::Tensor& param = out.parameters.at(op.inputs[0]);
     const ipu::Tensor& grad = lowering.tensor(op.inputs[1]);
     const std::string name = model.graph.value(op.inputs[0]).name;
-    ipu::Tensor acc = ipu::ops::clone_like(g, param, name + "/accumulator",
-                                           ipu::MemoryCategory::optimizer_state);
+    ipu::Tensor acc =
+        ipu::ops::clone_like(g, param, name + "/accumulator", ipu::MemoryCategory::optimizer_state);
     accumulators.push_back(acc);
     ipu::ops::zero(g, zero_accumulators, acc, name + "/zero");
     ipu::ops::scaled_add_in_place(g, accumulate, acc, grad, 1.0f, name + "/accumulate");
     // Mean over the accumulated micro-batches; the all-reduce already averaged the replicas.
-    const float factor = -static_cast<float>(op.scalar / static_cast<double>(shape.gradient_accumulation));
+    const float factor =
+        -static_cast<float>(op.scalar / static_cast<double>(shape.gradient_accumulation));
     ipu::ops::scaled_add_in_place(g, optimizer, param, acc, factor, name + "/sgd");
   }
 
@@ -178,15 +180,14 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
        ipu::Program::stream_from_device(kLossStream, out.loss)});
   ipu::Program step = ipu::Program::sequence(
       {zero_accumulators, ipu::Program::repeat(shape.gradient_accumulation, micro_batch)});
-  if (shape.replicas > 1)
-    step.add(ipu::Program::all_reduce(accumulators, ipu::CollectiveOp::mean));
+  if (shape.replicas > 1) step.add(ipu::Program::all_reduce(accumulators, ipu::CollectiveOp::mean));
   step.add(optimizer);
   out.programs["train"] = ipu::Program::repeat(shape.device_iterations, step);
-  out.programs["eval"] = ipu::Program::sequence(
-      {ipu::Program::stream_to_device(kInputStream, out.input),
-       ipu::Program::stream_to_device(kLabelStream, out.labels), forward,
-       ipu::Program::stream_from_device(kLogitsStream, out.logits),
-       ipu::Program::stream_from_device(kLossStream, out.loss)});
+  out.programs["eval"] =
+      ipu::Program::sequence({ipu::Program::stream_to_device(kInputStream, out.input),
+                              ipu::Program::stream_to_device(kLabelStream, out.labels), forward,
+                              ipu::Program::stream_from_device(kLogitsStream, out.logits),
+                              ipu::Program::stream_from_device(kLossStream, out.loss)});
   return out;
 }
 

@@ -34,7 +34,8 @@ struct TrainConfig {
   bool allow_out_of_memory = false;
   std::string run_dir = "run";
   std::string bind_address = "127.0.0.1";
-  double timeout_s = 120;  // host <-> IPU stream operations
+  double timeout_s = 120;           // host <-> IPU stream operations
+  std::size_t trace_events = 4000;  // first events of each IPU's predicted timeline in trace.json
 
   std::size_t ipus() const { return replicas * stages; }
   std::size_t world_size() const { return 1 + ipus(); }

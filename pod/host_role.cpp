@@ -1,17 +1,16 @@
 // The host rank of a training job: reads the HDF5 data set, streams each replica its shard over
 // TCP, collects losses, evaluation outputs and predicted cycles, and writes the run directory.
 #include <algorithm>
+#include <boost/asio/ip/host_name.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
-
-#include <boost/asio/ip/host_name.hpp>
-#include <nlohmann/json.hpp>
 
 #include "host/dataset.hpp"
 #include "host/loader.hpp"
@@ -47,7 +46,8 @@ std::size_t check_classification_data(const host::DatasetFile& file) {
                                std::string(host::dtype_name(info.inputs.dtype)) +
                                ", the model needs float32 inputs");
     if (info.targets.dtype != host::DType::i32 || !info.targets.sample_shape.empty())
-      throw host::DatasetError(file.path() + ": /" + split + "/targets must hold one int32 class "
+      throw host::DatasetError(file.path() + ": /" + split +
+                               "/targets must hold one int32 class "
                                "label per sample for a classifier, got " +
                                std::string(host::dtype_name(info.targets.dtype)) + " of shape " +
                                host::shape_string(info.targets.sample_shape));
@@ -109,10 +109,13 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
     startup.train_steps = train->steps_per_epoch();
     startup.test_steps = test->steps_per_epoch();
     startup.secret = host::make_secret();
-    server = std::make_unique<host::StreamServer>(
-        host::ServerConfig{.bind_address = c.bind_address, .port = 0, .secret = startup.secret,
-                           .clients = c.replicas, .timeout = timeout, .hello_timeout = timeout,
-                           .log = {}});
+    server = std::make_unique<host::StreamServer>(host::ServerConfig{.bind_address = c.bind_address,
+                                                                     .port = 0,
+                                                                     .secret = startup.secret,
+                                                                     .clients = c.replicas,
+                                                                     .timeout = timeout,
+                                                                     .hello_timeout = timeout,
+                                                                     .log = {}});
     startup.address = c.bind_address == "0.0.0.0" ? boost::asio::ip::host_name() : c.bind_address;
     startup.port = server->port();
     std::filesystem::create_directories(c.run_dir);
@@ -151,8 +154,10 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
           for (std::size_t s = 0; s < startup.train_steps; ++s, ++step) {
             const host::Batch b = train->batch(e, s, r);
             for (std::size_t m = 0; m < micro_batches_per_step; ++m) {
-              server->send(r, {kInputFrames, step, slice_samples(b.inputs, m * c.micro_batch, c.micro_batch)});
-              server->send(r, {kLabelFrames, step, slice_samples(b.targets, m * c.micro_batch, c.micro_batch)});
+              server->send(r, {kInputFrames, step,
+                               slice_samples(b.inputs, m * c.micro_batch, c.micro_batch)});
+              server->send(r, {kLabelFrames, step,
+                               slice_samples(b.targets, m * c.micro_batch, c.micro_batch)});
             }
           }
           for (std::size_t t = 0; t < startup.test_steps; ++t) {
@@ -187,8 +192,10 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
           step_loss += expect_frame(*server, r, kLossFrames).array.as<const float>()[0];
       step_loss /= static_cast<double>(c.replicas * micro_batches_per_step);
       epoch_loss += step_loss;
-      const double elapsed = train_seconds + std::chrono::duration<double>(Clock::now() - t0).count();
-      const double done = static_cast<double>((e * startup.train_steps + s + 1) * samples_per_host_step);
+      const double elapsed =
+          train_seconds + std::chrono::duration<double>(Clock::now() - t0).count();
+      const double done =
+          static_cast<double>((e * startup.train_steps + s + 1) * samples_per_host_step);
       csv << e << "," << s << "," << step_loss << "," << done / elapsed << "\n";
       if ((s + 1) % progress_every == 0 || s + 1 == startup.train_steps)
         std::cout << "  epoch " << e + 1 << "/" << c.epochs << " step " << s + 1 << "/"
@@ -202,12 +209,15 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
     max_cycles = 0;
     for (std::size_t r = 0; r < c.replicas; ++r) {
       std::vector<std::uint64_t> parts;
-      const std::uint64_t total = cycles_total(expect_frame(*server, r, kCycleFrames).array, &parts);
+      const std::uint64_t total =
+          cycles_total(expect_frame(*server, r, kCycleFrames).array, &parts);
       if (total >= max_cycles) max_cycles = total, cycle_parts = parts;
     }
-    const double trained = static_cast<double>((e + 1) * startup.train_steps * samples_per_host_step);
+    const double trained =
+        static_cast<double>((e + 1) * startup.train_steps * samples_per_host_step);
     m.measured_samples_per_s = trained / train_seconds;
-    m.predicted_samples_per_s = max_cycles ? trained / (static_cast<double>(max_cycles) / arch.clock_hz) : 0;
+    m.predicted_samples_per_s =
+        max_cycles ? trained / (static_cast<double>(max_cycles) / arch.clock_hz) : 0;
     // Evaluation on each replica's shard of the test split.
     std::size_t correct = 0;
     double test_loss = 0;
@@ -225,20 +235,23 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
         }
       }
     m.test_samples = startup.test_steps * c.replicas * c.micro_batch;
-    m.test_loss = test_loss / static_cast<double>(std::max<std::size_t>(startup.test_steps * c.replicas, 1));
-    m.test_accuracy = m.test_samples ? static_cast<double>(correct) / static_cast<double>(m.test_samples) : 0;
+    m.test_loss =
+        test_loss / static_cast<double>(std::max<std::size_t>(startup.test_steps * c.replicas, 1));
+    m.test_accuracy =
+        m.test_samples ? static_cast<double>(correct) / static_cast<double>(m.test_samples) : 0;
     std::cout << "epoch " << e + 1 << "/" << c.epochs << ": train loss " << std::setprecision(4)
               << m.train_loss << ", test loss " << m.test_loss << ", test accuracy "
               << std::setprecision(2) << 100 * m.test_accuracy << "% (" << m.test_samples
               << " samples); " << std::setprecision(0) << m.measured_samples_per_s
-              << " samples/s measured, " << m.predicted_samples_per_s
-              << " samples/s predicted on " << arch.name << std::endl;
+              << " samples/s measured, " << m.predicted_samples_per_s << " samples/s predicted on "
+              << arch.name << std::endl;
     epochs.push_back(m);
   }
   for (auto& f : feeders) f.join();
 
   // Reports and final weights from every replica; the replicas must agree bit for bit.
   nlohmann::json memory = nlohmann::json::array();
+  nlohmann::json trace = {{"displayTimeUnit", "ns"}, {"traceEvents", nlohmann::json::array()}};
   std::vector<std::vector<std::vector<std::byte>>> weights(c.replicas);
   for (std::size_t r = 0; r < c.replicas; ++r) {
     const host::Frame report = expect_frame(*server, r, kReportFrames);
@@ -247,6 +260,17 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
     j["ipu"] = r * c.stages;
     j["replica"] = r;
     const std::size_t tensors = j.at("parameter_tensors");
+    for (auto& event : j.at("trace")) {
+      event["pid"] = r * c.stages;
+      trace["traceEvents"].push_back(std::move(event));
+    }
+    trace["traceEvents"].push_back({{"name", "process_name"},
+                                    {"ph", "M"},
+                                    {"pid", r * c.stages},
+                                    {"args",
+                                     {{"name", "IPU " + std::to_string(r * c.stages) +
+                                                   " (replica " + std::to_string(r) + ")"}}}});
+    j.erase("trace");
     for (std::size_t p = 0; p < tensors; ++p)
       weights[r].push_back(std::move(expect_frame(*server, r, kWeightFrames).array.bytes));
     memory.push_back(std::move(j));
@@ -288,11 +312,20 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
   const EpochMetrics& last = epochs.back();
   nlohmann::json summary = {
       {"config",
-       {{"model", c.model}, {"hidden", c.hidden}, {"data", c.data}, {"arch", c.arch},
-        {"topology", c.topology}, {"replicas", c.replicas}, {"stages", c.stages},
-        {"micro_batch", c.micro_batch}, {"gradient_accumulation", c.gradient_accumulation},
-        {"device_iterations", c.device_iterations}, {"epochs", c.epochs},
-        {"learning_rate", c.learning_rate}, {"seed", c.seed}, {"global_batch", c.global_batch()}}},
+       {{"model", c.model},
+        {"hidden", c.hidden},
+        {"data", c.data},
+        {"arch", c.arch},
+        {"topology", c.topology},
+        {"replicas", c.replicas},
+        {"stages", c.stages},
+        {"micro_batch", c.micro_batch},
+        {"gradient_accumulation", c.gradient_accumulation},
+        {"device_iterations", c.device_iterations},
+        {"epochs", c.epochs},
+        {"learning_rate", c.learning_rate},
+        {"seed", c.seed},
+        {"global_batch", c.global_batch()}}},
       {"samples_trained", static_cast<std::size_t>(host_steps) * samples_per_host_step},
       {"train_seconds", train_seconds},
       {"measured_samples_per_s", last.measured_samples_per_s},
@@ -307,8 +340,10 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
   write_file_atomically(c.run_dir, "summary.json", summary.dump(2) + "\n");
   write_file_atomically(c.run_dir, "metrics.csv", csv.str());
   write_file_atomically(c.run_dir, "memory.json", memory.dump(1) + "\n");
-  std::cout << "ipupod: replicas' final weights are " << (identical ? "bitwise identical" : "DIFFERENT")
-            << "; wrote " << c.run_dir << "/{summary.json,metrics.csv,memory.json}" << std::endl;
+  write_file_atomically(c.run_dir, "trace.json", trace.dump() + "\n");
+  std::cout << "ipupod: replicas' final weights are "
+            << (identical ? "bitwise identical" : "DIFFERENT") << "; wrote " << c.run_dir
+            << "/{summary.json,metrics.csv,memory.json,trace.json}" << std::endl;
   return identical ? 0 : 1;
 }
 

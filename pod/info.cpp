@@ -47,7 +47,8 @@ void print_arch(const ipu::ArchPreset& a, std::ostream& out) {
 }  // namespace
 
 void print_info(const InfoRequest& r, std::ostream& out) {
-  const bool brief = r.arch.empty() && r.topology.empty() && r.model.empty() && !r.codelets && !r.models;
+  const bool brief =
+      r.arch.empty() && r.topology.empty() && r.model.empty() && !r.codelets && !r.models;
   if (!r.arch.empty()) print_arch(ipu::ArchPreset::get(r.arch), out);
   if (!r.topology.empty()) out << fabric::Topology::preset(r.topology).describe();
   if (!r.model.empty()) {

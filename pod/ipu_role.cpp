@@ -1,9 +1,8 @@
 // The IPU ranks of a training job: compile the model onto the emulated IPU, take batches from
 // the host's TCP streams, all-reduce gradients over the fabric, send losses and reports back.
 #include <cstring>
-#include <vector>
-
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "fabric/collectives.hpp"
 #include "fabric/mpi_transport.hpp"
@@ -73,7 +72,10 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
   const models::Model model = models::build_model(config.model, options);
   CompiledModel compiled = compile_for_ipu(
       model, arch, {config.gradient_accumulation, config.device_iterations, config.replicas});
-  ipu::Engine engine(*compiled.graph, compiled.programs, {config.allow_out_of_memory});
+  ipu::Engine engine(*compiled.graph, compiled.programs,
+                     {.allow_out_of_memory = config.allow_out_of_memory,
+                      .threads = 1,
+                      .trace_events = config.trace_events});
 
   // Every replica starts from the same weights: the initialiser is keyed by the seed only.
   for (const auto& [id, tensor] : compiled.parameters) {
@@ -86,16 +88,17 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
   }
 
   const auto timeout = std::chrono::milliseconds(static_cast<long>(config.timeout_s * 1000));
-  host::StreamClient client({.address = startup.address, .port = startup.port,
-                             .secret = startup.secret, .client_id = static_cast<std::size_t>(replica),
-                             .credits = 8, .timeout = timeout});
+  host::StreamClient client({.address = startup.address,
+                             .port = startup.port,
+                             .secret = startup.secret,
+                             .client_id = static_cast<std::size_t>(replica),
+                             .credits = 8,
+                             .timeout = timeout});
   std::uint64_t step = 0;
-  engine.connect_input_stream(kInputStream, [&](std::span<std::byte> dst) {
-    take_frame(client, kInputFrames, dst);
-  });
-  engine.connect_input_stream(kLabelStream, [&](std::span<std::byte> dst) {
-    take_frame(client, kLabelFrames, dst);
-  });
+  engine.connect_input_stream(
+      kInputStream, [&](std::span<std::byte> dst) { take_frame(client, kInputFrames, dst); });
+  engine.connect_input_stream(
+      kLabelStream, [&](std::span<std::byte> dst) { take_frame(client, kLabelFrames, dst); });
   engine.connect_output_stream(kLossStream, [&](std::span<const std::byte> src) {
     client.send({kLossFrames, step, array_of(host::DType::f32, {}, src)});
   });
@@ -108,13 +111,15 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
   std::vector<int> ring;  // IPUs of this stage's replicas, in replica order
   for (std::size_t r = 0; r < config.replicas; ++r)
     ring.push_back(static_cast<int>(r * config.stages) + stage);
-  engine.bind_collectives(
-      {[&](std::span<float> data, ipu::CollectiveOp op) {
-         fabric::all_reduce(transport, data,
-                            op == ipu::CollectiveOp::mean ? fabric::ReduceOp::mean
-                                                          : fabric::ReduceOp::sum);
-       },
-       [&](std::size_t bytes) { return fabric::predict_all_reduce_seconds(topology, ring, bytes); }});
+  engine.bind_collectives({[&](std::span<float> data, ipu::CollectiveOp op) {
+                             fabric::all_reduce(transport, data,
+                                                op == ipu::CollectiveOp::mean
+                                                    ? fabric::ReduceOp::mean
+                                                    : fabric::ReduceOp::sum);
+                           },
+                           [&](std::size_t bytes) {
+                             return fabric::predict_all_reduce_seconds(topology, ring, bytes);
+                           }});
 
   // Failures from here on are reported before the stream client closes (which would make the
   // host fail first with a less useful message).
@@ -132,6 +137,7 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
 
     nlohmann::json report_json = memory_report_json(engine.memory(), arch);
     report_json["parameter_tensors"] = compiled.parameters.size();
+    report_json["trace"] = trace_json(engine.trace(), arch);
     const std::string report = report_json.dump();
     client.send({kReportFrames, step,
                  array_of(host::DType::u8, {report.size()}, std::as_bytes(std::span(report)))});

@@ -31,11 +31,13 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
       ->capture_default_str();
   train.add_option("--micro-batch", c.micro_batch, "Samples per micro-batch on each replica")
       ->capture_default_str();
-  train.add_option("--gradient-accumulation", c.gradient_accumulation,
-                   "Micro-batches whose gradients are accumulated per optimizer step")
+  train
+      .add_option("--gradient-accumulation", c.gradient_accumulation,
+                  "Micro-batches whose gradients are accumulated per optimizer step")
       ->capture_default_str();
-  train.add_option("--device-iterations", c.device_iterations,
-                   "Optimizer steps the device runs per host step (PopTorch deviceIterations)")
+  train
+      .add_option("--device-iterations", c.device_iterations,
+                  "Optimizer steps the device runs per host step (PopTorch deviceIterations)")
       ->capture_default_str();
   train.add_option("--epochs", c.epochs, "Passes over the training split")->capture_default_str();
   train.add_option("--learning-rate", c.learning_rate, "SGD learning rate")->capture_default_str();
@@ -46,10 +48,16 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
                  "Finish compiling a model that does not fit and report memory instead of failing");
   train.add_option("--run-dir", c.run_dir, "Directory for summary.json, metrics.csv, memory.json")
       ->capture_default_str();
-  train.add_option("--bind-address", c.bind_address,
-                   "Address the host's stream server binds (0.0.0.0 for multi-node runs)")
+  train
+      .add_option("--bind-address", c.bind_address,
+                  "Address the host's stream server binds (0.0.0.0 for multi-node runs)")
       ->capture_default_str();
-  train.add_option("--timeout", c.timeout_s, "Seconds a host<->IPU stream may stall before failing")
+  train
+      .add_option("--trace-events", c.trace_events,
+                  "Events of each IPU's predicted timeline kept for trace.json (0: none)")
+      ->capture_default_str();
+  train
+      .add_option("--timeout", c.timeout_s, "Seconds a host<->IPU stream may stall before failing")
       ->capture_default_str();
   train.footer(
       "Run under MPI with 1 + replicas x stages ranks: rank 0 is the host, the others are IPUs.\n"
@@ -59,9 +67,10 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ipupod: a distributed emulator of a Graphcore IPU pod.\n"
-               "Trains models on emulated IPUs (one MPI rank each) and predicts their speed on "
-               "real IPU hardware."};
+  CLI::App app{
+      "ipupod: a distributed emulator of a Graphcore IPU pod.\n"
+      "Trains models on emulated IPUs (one MPI rank each) and predicts their speed on "
+      "real IPU hardware."};
   app.require_subcommand(1);
   app.set_version_flag("--version", "ipupod 0.1.0");
 
@@ -83,7 +92,8 @@ int main(int argc, char** argv) {
   ipupod::datasets::add_data_commands(*data, data_exit_code);
 
   int bench_exit_code = 0;
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks, each against a named peer in the same run");
+  CLI::App* bench =
+      app.add_subcommand("bench", "Benchmarks, each against a named peer in the same run");
   bench->require_subcommand(1);
   ipupod::pod::add_allreduce_bench(*bench, bench_exit_code);
   ipupod::pod::add_host_bench(*bench, bench_exit_code);

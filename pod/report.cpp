@@ -11,7 +11,8 @@ nlohmann::json memory_report_json(const ipu::MemoryReport& report, const ipu::Ar
   nlohmann::json tiles = nlohmann::json::array();
   for (const auto& t : report.tiles) {
     nlohmann::json by_category = nlohmann::json::object();
-    for (const auto& [category, bytes] : t.by_category) by_category[ipu::category_name(category)] = bytes;
+    for (const auto& [category, bytes] : t.by_category)
+      by_category[ipu::category_name(category)] = bytes;
     nlohmann::json largest = nlohmann::json::array();
     for (const auto& tensor : t.largest)
       largest.push_back({{"name", tensor.name},
@@ -21,6 +22,8 @@ nlohmann::json memory_report_json(const ipu::MemoryReport& report, const ipu::Ar
                      {"total", t.total()},
                      {"always_live", t.always_live},
                      {"not_always_live", t.not_always_live},
+                     {"peak_live", t.peak_live},
+                     {"gaps", t.gaps()},
                      {"vertex_state", t.vertex_state},
                      {"code", t.code},
                      {"by_category", by_category},
@@ -38,14 +41,29 @@ nlohmann::json memory_report_json(const ipu::MemoryReport& report, const ipu::Ar
           {"per_tile", tiles}};
 }
 
-void write_file_atomically(const std::string& dir, const std::string& name, const std::string& text) {
+nlohmann::json trace_json(const std::vector<ipu::TraceEvent>& events, const ipu::ArchPreset& arch) {
+  nlohmann::json out = nlohmann::json::array();
+  const double us_per_cycle = 1e6 / arch.clock_hz;
+  for (const auto& e : events)
+    out.push_back({{"name", e.name},
+                   {"cat", e.category},
+                   {"ph", "X"},
+                   {"ts", static_cast<double>(e.start_cycles) * us_per_cycle},
+                   {"dur", static_cast<double>(e.cycles) * us_per_cycle},
+                   {"tid", e.category}});
+  return out;
+}
+
+void write_file_atomically(const std::string& dir, const std::string& name,
+                           const std::string& text) {
   const std::filesystem::path final_path = std::filesystem::path(dir) / name;
   const std::filesystem::path tmp = final_path.string() + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out << text;
     out.flush();
-    if (!out) throw std::runtime_error("cannot write " + tmp.string() + ": check the run directory");
+    if (!out)
+      throw std::runtime_error("cannot write " + tmp.string() + ": check the run directory");
   }
   std::filesystem::rename(tmp, final_path);
 }

@@ -11,7 +11,11 @@
 namespace ipupod::pod {
 
 nlohmann::json memory_report_json(const ipu::MemoryReport& report, const ipu::ArchPreset& arch);
+// Events of one IPU's predicted timeline as Chrome trace-event objects (microseconds on the
+// architecture's clock); the host adds the IPU as "pid".
+nlohmann::json trace_json(const std::vector<ipu::TraceEvent>& events, const ipu::ArchPreset& arch);
 // Writes text to dir/name through a temporary file and a rename, so a reader never sees half.
-void write_file_atomically(const std::string& dir, const std::string& name, const std::string& text);
+void write_file_atomically(const std::string& dir, const std::string& name,
+                           const std::string& text);
 
 }  // namespace ipupod::pod

@@ -10,10 +10,10 @@ Startup broadcast_startup(const Startup& s, int root, MPI_Comm comm) {
   MPI_Comm_rank(comm, &rank);
   std::string text;
   if (rank == root)
-    text = nlohmann::json{{"status", s.status},           {"message", s.message},
-                          {"address", s.address},         {"port", s.port},
-                          {"secret", s.secret},           {"sample_shape", s.sample_shape},
-                          {"classes", s.classes},         {"train_steps", s.train_steps},
+    text = nlohmann::json{{"status", s.status},        {"message", s.message},
+                          {"address", s.address},      {"port", s.port},
+                          {"secret", s.secret},        {"sample_shape", s.sample_shape},
+                          {"classes", s.classes},      {"train_steps", s.train_steps},
                           {"test_steps", s.test_steps}}
                .dump();
   unsigned long long length = text.size();

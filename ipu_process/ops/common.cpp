@@ -16,9 +16,10 @@ Tensor clone_like(Graph& graph, const Tensor& like, std::string name, MemoryCate
 Tensor rearrange_like(Graph& graph, Program& prog, const Tensor& src, const Tensor& like,
                       const std::string& name) {
   const auto a = graph.tile_mapping(src), b = graph.tile_mapping(like);
-  const bool same = a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](auto& x, auto& y) {
-                      return x.begin == y.begin && x.end == y.end && x.tile == y.tile;
-                    });
+  const bool same =
+      a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](auto& x, auto& y) {
+        return x.begin == y.begin && x.end == y.end && x.tile == y.tile;
+      });
   if (same) return src;
   Tensor out = clone_like(graph, like, name, MemoryCategory::temporary, src.dtype());
   prog.add(Program::copy(src, out));
@@ -30,7 +31,8 @@ void for_each_worker_piece(const Graph& graph, const Tensor& t, std::size_t min_
   const std::size_t workers = graph.arch().workers_per_tile;
   for (const auto& iv : graph.tile_mapping(t)) {
     const std::size_t n = iv.end - iv.begin;
-    const std::size_t pieces = std::clamp<std::size_t>(n / std::max<std::size_t>(min_elements, 1), 1, workers);
+    const std::size_t pieces =
+        std::clamp<std::size_t>(n / std::max<std::size_t>(min_elements, 1), 1, workers);
     const std::size_t per = (n + pieces - 1) / pieces;
     for (std::size_t b = iv.begin; b < iv.end; b += per) fn(iv.tile, b, std::min(iv.end, b + per));
   }

@@ -17,14 +17,18 @@ std::uint64_t first_field_vector_cycles(const Vertex& v, const ArchPreset& arch,
 }  // namespace
 
 void register_elementwise_codelets(CodeletRegistry& r) {
-  r.add({"Relu", "out = max(in, 0)", {"in", "out"},
+  r.add({"Relu",
+         "out = max(in, 0)",
+         {"in", "out"},
          [](const VertexContext& c) {
            auto in = c.region<const float>(0);
            auto out = c.region<float>(1);
            for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i] > 0.f ? in[i] : 0.f;
          },
          [](const Vertex& v, const ArchPreset& a) { return first_field_vector_cycles(v, a, 1); }});
-  r.add({"ReluGrad", "dx = y > 0 ? dy : 0", {"dy", "y", "dx"},
+  r.add({"ReluGrad",
+         "dx = y > 0 ? dy : 0",
+         {"dy", "y", "dx"},
          [](const VertexContext& c) {
            auto dy = c.region<const float>(0);
            auto y = c.region<const float>(1);
@@ -32,7 +36,9 @@ void register_elementwise_codelets(CodeletRegistry& r) {
            for (std::size_t i = 0; i < dy.size(); ++i) dx[i] = y[i] > 0.f ? dy[i] : 0.f;
          },
          [](const Vertex& v, const ArchPreset& a) { return first_field_vector_cycles(v, a, 2); }});
-  r.add({"Add", "out = a + b", {"a", "b", "out"},
+  r.add({"Add",
+         "out = a + b",
+         {"a", "b", "out"},
          [](const VertexContext& c) {
            auto a = c.region<const float>(0);
            auto b = c.region<const float>(1);
@@ -55,7 +61,9 @@ void register_elementwise_codelets(CodeletRegistry& r) {
            }
          },
          [](const Vertex& v, const ArchPreset& a) { return first_field_vector_cycles(v, a, 1); }});
-  r.add({"ScaledAddInPlace", "acc += factor * g; param: factor", {"acc", "g"},
+  r.add({"ScaledAddInPlace",
+         "acc += factor * g; param: factor",
+         {"acc", "g"},
          [](const VertexContext& c) {
            auto acc = c.region<float>(0);
            auto g = c.region<const float>(1);
@@ -63,7 +71,9 @@ void register_elementwise_codelets(CodeletRegistry& r) {
            for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += f * g[i];
          },
          [](const Vertex& v, const ArchPreset& a) { return first_field_vector_cycles(v, a, 1); }});
-  r.add({"Zero", "out = 0", {"out"},
+  r.add({"Zero",
+         "out = 0",
+         {"out"},
          [](const VertexContext& c) {
            auto out = c.region<float>(0);
            std::fill(out.begin(), out.end(), 0.f);
@@ -87,7 +97,8 @@ void map_pieces(Graph& graph, ComputeSetId cs, const std::string& codelet,
   for_each_worker_piece(graph, layout, kMinElementsPerWorker,
                         [&](unsigned tile, std::size_t b, std::size_t e) {
                           Vertex v{codelet, tile, {}, {}};
-                          for (const auto& t : operands) v.fields.push_back({t.flatten().slice(b, e)});
+                          for (const auto& t : operands)
+                            v.fields.push_back({t.flatten().slice(b, e)});
                           graph.add_vertex(cs, std::move(v));
                         });
 }
@@ -143,11 +154,13 @@ Tensor add_bias(Graph& graph, Program& prog, const Tensor& x, const Tensor& bias
   prog.add(Program::copy(std::move(copies)));
   ComputeSetId cs = graph.add_compute_set(name);
   const Tensor xf = x.flatten(), of = out.flatten();
-  for_each_worker_piece(graph, x, kMinElementsPerWorker, [&](unsigned tile, std::size_t b, std::size_t e) {
-    graph.add_vertex(cs, {"AddBias", tile,
-                          {{xf.slice(b, e)}, {bias_on_tile.at(tile)}, {of.slice(b, e)}},
-                          {static_cast<double>(n), static_cast<double>(b % n)}});
-  });
+  for_each_worker_piece(
+      graph, x, kMinElementsPerWorker, [&](unsigned tile, std::size_t b, std::size_t e) {
+        graph.add_vertex(cs, {"AddBias",
+                              tile,
+                              {{xf.slice(b, e)}, {bias_on_tile.at(tile)}, {of.slice(b, e)}},
+                              {static_cast<double>(n), static_cast<double>(b % n)}});
+      });
   prog.add(Program::execute(cs));
   return out;
 }
@@ -158,10 +171,13 @@ void scaled_add_in_place(Graph& graph, Program& prog, const Tensor& acc, const T
   Tensor g_local = rearrange_like(graph, prog, g, acc, name + "/g");
   ComputeSetId cs = graph.add_compute_set(name);
   const Tensor af = acc.flatten(), gf = g_local.flatten();
-  for_each_worker_piece(graph, acc, kMinElementsPerWorker, [&](unsigned tile, std::size_t b, std::size_t e) {
-    graph.add_vertex(cs, {"ScaledAddInPlace", tile, {{af.slice(b, e)}, {gf.slice(b, e)}},
-                          {static_cast<double>(factor)}});
-  });
+  for_each_worker_piece(graph, acc, kMinElementsPerWorker,
+                        [&](unsigned tile, std::size_t b, std::size_t e) {
+                          graph.add_vertex(cs, {"ScaledAddInPlace",
+                                                tile,
+                                                {{af.slice(b, e)}, {gf.slice(b, e)}},
+                                                {static_cast<double>(factor)}});
+                        });
   prog.add(Program::execute(cs));
 }
 

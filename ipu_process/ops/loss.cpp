@@ -93,8 +93,8 @@ std::vector<RowBlock> gather_rows(Graph& graph, Program& prog, const Tensor& log
     const std::string at = "@" + std::to_string(tile);
     Tensor l = graph.add_variable(DType::f32, {r1 - r0, classes}, name + "/logits" + at,
                                   MemoryCategory::temporary);
-    Tensor y = graph.add_variable(DType::i32, {r1 - r0}, name + "/labels" + at,
-                                  MemoryCategory::temporary);
+    Tensor y =
+        graph.add_variable(DType::i32, {r1 - r0}, name + "/labels" + at, MemoryCategory::temporary);
     graph.set_tile_mapping(l, tile);
     graph.set_tile_mapping(y, tile);
     copies.emplace_back(logits.rows(r0, r1).flatten(), l.flatten());
@@ -115,7 +115,8 @@ Tensor softmax_cross_entropy(Graph& graph, Program& prog, const Tensor& logits,
   ComputeSetId cs = graph.add_compute_set(name);
   for (const auto& b : blocks) {
     graph.set_tile_mapping(losses.slice(b.r0, b.r1), b.tile);
-    graph.add_vertex(cs, {"SoftmaxCrossEntropyRows", b.tile,
+    graph.add_vertex(cs, {"SoftmaxCrossEntropyRows",
+                          b.tile,
                           {{b.logits.flatten()}, {b.labels}, {losses.slice(b.r0, b.r1)}},
                           {double(b.r1 - b.r0), double(classes)}});
   }
@@ -145,7 +146,8 @@ Tensor softmax_cross_entropy_grad(Graph& graph, Program& prog, const Tensor& log
     const auto& b = blocks[i];
     Tensor out = dlogits.rows(b.r0, b.r1).flatten();
     graph.set_tile_mapping(out, b.tile);
-    graph.add_vertex(cs, {"SoftmaxCrossEntropyGradRows", b.tile,
+    graph.add_vertex(cs, {"SoftmaxCrossEntropyGradRows",
+                          b.tile,
                           {{b.logits.flatten()}, {b.labels}, {dloss_local[i]}, {out}},
                           {double(b.r1 - b.r0), double(classes), 1.0 / double(m)}});
   }

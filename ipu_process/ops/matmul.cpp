@@ -62,13 +62,14 @@ MatMulPlan plan_matmul(const ArchPreset& arch, std::size_t m, std::size_t k, std
       const double bytes = 4.0 * static_cast<double>(bm * k + k * bn + bm * bn);
       const double rows_per_worker = std::ceil(static_cast<double>(bm) / arch.workers_per_tile);
       const double compute =
-          rows_per_worker * (arch.vertex_overhead_cycles +
-                             2.0 * k * bn * arch.workers_per_tile / arch.fp32_flops_per_cycle_per_tile);
-      const double exchange = 4.0 * static_cast<double>(bm * k + k * bn) /
-                              arch.exchange_bytes_per_cycle_per_tile;
+          rows_per_worker * (arch.vertex_overhead_cycles + 2.0 * k * bn * arch.workers_per_tile /
+                                                               arch.fp32_flops_per_cycle_per_tile);
+      const double exchange =
+          4.0 * static_cast<double>(bm * k + k * bn) / arch.exchange_bytes_per_cycle_per_tile;
       const double cost = compute + exchange;
       const bool fits = bytes <= budget, best_fits = best_bytes <= budget;
-      if ((fits && (!best_fits || cost < best_cost)) || (!fits && !best_fits && bytes < best_bytes)) {
+      if ((fits && (!best_fits || cost < best_cost)) ||
+          (!fits && !best_fits && bytes < best_bytes)) {
         best = {gm_used, (n + bn - 1) / bn, static_cast<std::uint64_t>(cost)};
         best_cost = cost;
         best_bytes = bytes;
@@ -103,26 +104,32 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
       const std::size_t c1 = std::min(n, c0 + bn), cols = c1 - c0;
       const std::string at = "@" + std::to_string(tile);
       // Operand pieces this block needs, gathered onto its tile by the exchange.
-      Tensor a_local = graph.add_variable(DType::f32, ta ? std::vector{k, rows} : std::vector{rows, k},
-                                          name + "/a" + at, MemoryCategory::temporary);
-      Tensor b_local = graph.add_variable(DType::f32, tb ? std::vector{cols, k} : std::vector{k, cols},
-                                          name + "/b" + at, MemoryCategory::temporary);
+      Tensor a_local =
+          graph.add_variable(DType::f32, ta ? std::vector{k, rows} : std::vector{rows, k},
+                             name + "/a" + at, MemoryCategory::temporary);
+      Tensor b_local =
+          graph.add_variable(DType::f32, tb ? std::vector{cols, k} : std::vector{k, cols},
+                             name + "/b" + at, MemoryCategory::temporary);
       graph.set_tile_mapping(a_local, tile);
       graph.set_tile_mapping(b_local, tile);
       if (ta)
-        for (std::size_t p = 0; p < k; ++p) copies.emplace_back(a.row(p).slice(r0, r1), a_local.row(p));
+        for (std::size_t p = 0; p < k; ++p)
+          copies.emplace_back(a.row(p).slice(r0, r1), a_local.row(p));
       else
         copies.emplace_back(a.rows(r0, r1).flatten(), a_local.flatten());
       if (tb)
         copies.emplace_back(b.rows(c0, c1).flatten(), b_local.flatten());
       else
-        for (std::size_t p = 0; p < k; ++p) copies.emplace_back(b.row(p).slice(c0, c1), b_local.row(p));
+        for (std::size_t p = 0; p < k; ++p)
+          copies.emplace_back(b.row(p).slice(c0, c1), b_local.row(p));
       for (std::size_t r = r0; r < r1; ++r) graph.set_tile_mapping(c.row(r).slice(c0, c1), tile);
       // Rows of the block shared out between the tile's workers.
       const std::size_t per_worker = (rows + workers - 1) / workers;
       for (std::size_t w0 = 0; w0 < rows; w0 += per_worker) {
         const std::size_t w1 = std::min(rows, w0 + per_worker);
-        Vertex v{"MatMulBlock", tile, {{a_local}, {b_local}, {}},
+        Vertex v{"MatMulBlock",
+                 tile,
+                 {{a_local}, {b_local}, {}},
                  {double(rows), double(k), double(cols), double(ta), double(tb), double(w0)}};
         for (std::size_t r = w0; r < w1; ++r) v.fields[2].push_back(c.row(r0 + r).slice(c0, c1));
         graph.add_vertex(cs, std::move(v));

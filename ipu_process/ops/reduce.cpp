@@ -8,7 +8,9 @@
 namespace ipupod::ipu {
 
 void register_reduce_codelets(CodeletRegistry& r) {
-  r.add({"ColumnSum", "out[j] = sum_i in[i, j]; params: rows m, columns n", {"in", "out"},
+  r.add({"ColumnSum",
+         "out[j] = sum_i in[i, j]; params: rows m, columns n",
+         {"in", "out"},
          [](const VertexContext& c) {
            auto in = c.region<const float>(0);
            auto out = c.region<float>(1);
@@ -20,7 +22,9 @@ void register_reduce_codelets(CodeletRegistry& r) {
          [](const Vertex& v, const ArchPreset& a) {
            return vector_cycles(a, v.fields[0][0].elements(), 1);
          }});
-  r.add({"SumScaled", "out = scale * sum of every region; param: scale", {"in", "out"},
+  r.add({"SumScaled",
+         "out = scale * sum of every region; param: scale",
+         {"in", "out"},
          [](const VertexContext& c) {
            float s = 0.f;
            for (std::size_t i = 0; i < c.regions(0); ++i)
@@ -47,12 +51,14 @@ Tensor column_sum(Graph& graph, Program& prog, const Tensor& x, const std::strin
   unsigned tile = 0;
   for (std::size_t c0 = 0; c0 < n; c0 += per, ++tile) {
     const std::size_t c1 = std::min(n, c0 + per);
-    Tensor local = graph.add_variable(DType::f32, {m, c1 - c0}, name + "/in@" + std::to_string(tile),
-                                      MemoryCategory::temporary);
+    Tensor local = graph.add_variable(
+        DType::f32, {m, c1 - c0}, name + "/in@" + std::to_string(tile), MemoryCategory::temporary);
     graph.set_tile_mapping(local, tile);
     graph.set_tile_mapping(out.slice(c0, c1), tile);
     for (std::size_t i = 0; i < m; ++i) copies.emplace_back(x.row(i).slice(c0, c1), local.row(i));
-    graph.add_vertex(cs, {"ColumnSum", tile, {{local.flatten()}, {out.slice(c0, c1)}},
+    graph.add_vertex(cs, {"ColumnSum",
+                          tile,
+                          {{local.flatten()}, {out.slice(c0, c1)}},
                           {double(m), double(c1 - c0)}});
   }
   prog.add(Program::copy(std::move(copies)));
@@ -62,8 +68,8 @@ Tensor column_sum(Graph& graph, Program& prog, const Tensor& x, const std::strin
 
 Tensor sum_scaled(Graph& graph, Program& prog, const Tensor& x, float scale, unsigned tile,
                   const std::string& name) {
-  Tensor local = graph.add_variable(DType::f32, {x.elements()}, name + "/in",
-                                    MemoryCategory::temporary);
+  Tensor local =
+      graph.add_variable(DType::f32, {x.elements()}, name + "/in", MemoryCategory::temporary);
   Tensor out = graph.add_variable(DType::f32, {}, name);
   graph.set_tile_mapping(local, tile);
   graph.set_tile_mapping(out, tile);

@@ -1,15 +1,19 @@
 // The device's rules: tile memory limits, tile locality of vertices, and the cycle model.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "ipu_process/engine.hpp"
 #include "ipu_process/ops/elementwise.hpp"
+#include "ipu_process/ops/matmul.hpp"
 
 namespace ipupod::ipu {
 namespace {
 
-const ArchPreset& tiny() { return ArchPreset::get("tiny"); }
+const ArchPreset& tiny() {
+  return ArchPreset::get("tiny");
+}
 
 TEST(TileMemory, FitsExactlyAtCapacityAndFailsOneByteOver) {
   {
@@ -29,7 +33,8 @@ TEST(TileMemory, FitsExactlyAtCapacityAndFailsOneByteOver) {
     FAIL() << "expected an out-of-memory error";
   } catch (const OutOfMemoryError& err) {
     const std::string msg = err.what();
-    EXPECT_NE(msg.find("Out of memory: Cannot fit all variable data onto one or more tiles"), std::string::npos);
+    EXPECT_NE(msg.find("Out of memory: Cannot fit all variable data onto one or more tiles"),
+              std::string::npos);
     EXPECT_NE(msg.find("tile 3"), std::string::npos) << msg;
     EXPECT_NE(msg.find("+1 B over"), std::string::npos) << msg;
     EXPECT_NE(msg.find("'one_too_many'"), std::string::npos) << msg;
@@ -84,6 +89,8 @@ TEST(Exchange, CopyMovesBytesBetweenTilesAndCosts) {
   Tensor dst = g.add_variable(DType::f32, {1000}, "dst");
   g.map_linearly(src);
   g.set_tile_mapping(dst, 5);
+  g.set_host_access(src);
+  g.set_host_access(dst);
   Engine e(g, {{"copy", Program::copy(src, dst)}});
   std::vector<float> v(1000);
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) * 0.5f;
@@ -115,7 +122,7 @@ std::uint64_t relu_cycles(std::size_t vertices, std::size_t elements, unsigned t
 }
 
 TEST(CycleModel, TwiceTheWorkOnOneTileCostsTwiceAndTwiceTheTilesHalf) {
-  const auto one = relu_cycles(12, 200, 1);   // two vertices per worker
+  const auto one = relu_cycles(12, 200, 1);  // two vertices per worker
   const auto twice = relu_cycles(24, 200, 1);
   const auto spread = relu_cycles(24, 200, 2);
   EXPECT_EQ(twice, 2 * one);
@@ -146,6 +153,144 @@ TEST(Streams, HostToDeviceAndBackThroughCallbacks) {
   for (std::size_t i = 0; i < got.size(); ++i)
     EXPECT_EQ(got[i], std::max(0.f, static_cast<float>(i) - 150.f));
   EXPECT_GT(e.cycles().host, 0u);
+}
+
+TEST(Liveness, DisjointTemporariesShareBytes) {
+  // Two chains in sequence: temporaries of the first are dead before the second starts.
+  const auto build = [](bool second_chain_reuses) {
+    Graph g(tiny());
+    Tensor x = g.add_variable(DType::f32, {4096}, "x", MemoryCategory::weight);
+    g.set_tile_mapping(x, 0);
+    Program p;
+    Tensor a = ops::relu(g, p, x, "a");
+    Tensor b = ops::relu(g, p, a, "b");
+    Tensor c = ops::relu(g, p, x, "c");
+    Tensor d = second_chain_reuses ? ops::relu(g, p, c, "d") : ops::add(g, p, b, c, "d");
+    Engine e(g, {{"p", p}});
+    return e.memory().tiles[0];
+  };
+  const TileMemory shared = build(true), chained = build(false);
+  // a and b die before c and d are born (when d reads only c), so at most two temporaries are
+  // live at once; when d = b + c, b stays live across c and three are live together.
+  EXPECT_EQ(shared.not_always_live, 2 * 4096 * 4u);
+  EXPECT_EQ(chained.not_always_live, 3 * 4096 * 4u);
+  EXPECT_EQ(shared.by_category.at(MemoryCategory::activation), 4 * 4096 * 4u);
+  EXPECT_EQ(shared.always_live, 4096 * 4u);
+  EXPECT_EQ(shared.gaps(), 0u);
+}
+
+TEST(Liveness, ValuesCarriedAroundALoopStayLive) {
+  Graph g(tiny());
+  Tensor acc = g.add_variable(DType::f32, {256}, "acc");
+  Tensor x = g.add_variable(DType::f32, {256}, "x");
+  g.set_tile_mapping(acc, 1);
+  g.set_tile_mapping(x, 1);
+  g.set_host_access(x);
+  g.set_host_access(acc);
+  Program zero, body;
+  ops::zero(g, zero, acc, "zero");
+  Tensor t = ops::relu(g, body, x, "t");  // a temporary born and dead inside each iteration
+  ops::scaled_add_in_place(g, body, acc, t, 1.0f, "acc+=t");
+  Program p = Program::sequence({zero, Program::repeat(3, body)});
+  Engine e(g, {{"p", p}});
+  std::vector<float> v(256, 2.0f);
+  e.write(x, std::as_bytes(std::span(v)));
+  e.run("p");
+  const auto out = e.read(acc);
+  const float* f = reinterpret_cast<const float*>(out.data());
+  for (std::size_t i = 0; i < 256; ++i) ASSERT_EQ(f[i], 6.0f);
+}
+
+TEST(HostAccess, ReadingATensorWithoutHostAccessIsRefused) {
+  Graph g(tiny());
+  Tensor x = g.add_variable(DType::f32, {8}, "scratch");
+  g.set_tile_mapping(x, 0);
+  Engine e(g, {});
+  try {
+    e.read(x);
+    FAIL();
+  } catch (const std::logic_error& err) {
+    EXPECT_NE(std::string(err.what()).find("set_host_access"), std::string::npos);
+  }
+}
+
+TEST(ControlFlow, IfAndRepeatWhileTrueFollowTheDevicePredicate) {
+  Graph g(tiny());
+  Tensor n = g.add_variable(DType::f32, {1}, "n");  // counts down from 4 by adding -1
+  Tensor minus_one = g.add_variable(DType::f32, {1}, "minus_one");
+  Tensor hits = g.add_variable(DType::f32, {1}, "hits");
+  Tensor one = g.add_variable(DType::f32, {1}, "one");
+  for (const Tensor& t : {n, minus_one, hits, one}) {
+    g.set_tile_mapping(t, 2);
+    g.set_host_access(t);
+  }
+  Program body;
+  ops::scaled_add_in_place(g, body, n, one, -1.0f, "n-=1");
+  ops::scaled_add_in_place(g, body, hits, one, 1.0f, "hits+=1");
+  Program loop = Program::repeat_while_true(Program(), n, body);
+  Program branch = Program::if_else(n, Program(), body);  // n is 0 here: runs the else body
+  Engine e(g, {{"loop", loop}, {"branch", branch}});
+  const auto set = [&](const Tensor& t, float v) { e.write(t, std::as_bytes(std::span(&v, 1))); };
+  const auto get = [&](const Tensor& t) {
+    float v;
+    std::memcpy(&v, e.read(t).data(), 4);
+    return v;
+  };
+  set(n, 4);
+  set(one, 1);
+  set(hits, 0);
+  e.run("loop");
+  EXPECT_EQ(get(hits), 4.0f);
+  EXPECT_EQ(get(n), 0.0f);
+  e.run("branch");
+  EXPECT_EQ(get(hits), 5.0f);
+  EXPECT_EQ(get(n), -1.0f);
+}
+
+TEST(Threads, ResultsAreBitwiseIdenticalWithOneOrTwoThreads) {
+  const auto run = [](unsigned threads) {
+    Graph g(tiny());
+    Tensor a = g.add_variable(DType::f32, {50, 70}, "a");
+    Tensor b = g.add_variable(DType::f32, {70, 30}, "b");
+    g.map_linearly(a);
+    g.map_linearly(b);
+    g.set_host_access(a);
+    g.set_host_access(b);
+    Program p;
+    Tensor c = ops::relu(g, p, ops::matmul(g, p, a, b, false, false, "mm"), "r");
+    g.set_host_access(c);
+    Engine e(g, {{"p", p}}, {.threads = threads, .trace_events = 100});
+    std::vector<float> av(3500), bv(2100);
+    for (std::size_t i = 0; i < av.size(); ++i) av[i] = std::sin(static_cast<float>(i));
+    for (std::size_t i = 0; i < bv.size(); ++i) bv[i] = std::cos(static_cast<float>(i) * 0.7f);
+    e.write(a, std::as_bytes(std::span(av)));
+    e.write(b, std::as_bytes(std::span(bv)));
+    e.run("p");
+    EXPECT_FALSE(e.trace().empty());
+    return std::make_pair(e.read(c), e.cycles().total());
+  };
+  const auto one = run(1), two = run(2);
+  EXPECT_EQ(one.first, two.first);
+  EXPECT_EQ(one.second, two.second);
+}
+
+TEST(Trace, EventsTileThePredictedTimeline) {
+  Graph g(tiny());
+  Tensor x = g.add_variable(DType::f32, {1000}, "x", MemoryCategory::weight);
+  g.map_linearly(x);
+  Program p;
+  ops::relu(g, p, ops::relu(g, p, x, "first"), "second");
+  Engine e(g, {{"p", p}}, {.trace_events = 1000});
+  e.run("p");
+  ASSERT_EQ(e.trace().size(), 4u);  // compute + sync per compute set
+  EXPECT_EQ(e.trace()[0].name, "first");
+  EXPECT_STREQ(e.trace()[0].category, "compute");
+  std::uint64_t end = 0;
+  for (const auto& ev : e.trace()) {
+    EXPECT_EQ(ev.start_cycles, end);
+    end = ev.start_cycles + ev.cycles;
+  }
+  EXPECT_EQ(end, e.cycles().total());
 }
 
 }  // namespace

@@ -51,6 +51,7 @@ TEST_P(MatMulTest, MatchesReference) {
   g.map_linearly(b, 5, 2);
   Program p;
   Tensor c = ops::matmul(g, p, a, b, ta, tb, "c");
+  for (const Tensor& t : {a, b, c}) g.set_host_access(t);
   Engine e(g, {{"p", p}});
   const auto av = random_floats(m * k, 1), bv = random_floats(k * n, 2);
   write_floats(e, a, av);
@@ -61,7 +62,8 @@ TEST_P(MatMulTest, MatchesReference) {
     for (std::size_t j = 0; j < n; ++j) {
       double ref = 0;
       for (std::size_t p2 = 0; p2 < k; ++p2)
-        ref += double(ta ? av[p2 * m + i] : av[i * k + p2]) * double(tb ? bv[j * k + p2] : bv[p2 * n + j]);
+        ref += double(ta ? av[p2 * m + i] : av[i * k + p2]) *
+               double(tb ? bv[j * k + p2] : bv[p2 * n + j]);
       ASSERT_NEAR(cv[i * n + j], ref, 1e-4 * (1 + std::abs(ref))) << i << "," << j;
     }
   EXPECT_GT(e.cycles().compute, 0u);
@@ -70,12 +72,12 @@ TEST_P(MatMulTest, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     AwkwardShapes, MatMulTest,
-    ::testing::Values(MatMulCase{7, 13, 5, false, false, "tiny"}, MatMulCase{7, 13, 5, true, false, "tiny"},
-                      MatMulCase{7, 13, 5, false, true, "tiny"}, MatMulCase{7, 13, 5, true, true, "tiny"},
-                      MatMulCase{1, 1, 1, false, false, "tiny"}, MatMulCase{3, 257, 2, false, false, "tiny"},
-                      // more than a tile's 64 KiB of operands: the planner must spread it
-                      MatMulCase{61, 211, 67, true, false, "tiny"},
-                      MatMulCase{31, 97, 53, false, true, "mk2"}));
+    ::testing::Values(
+        MatMulCase{7, 13, 5, false, false, "tiny"}, MatMulCase{7, 13, 5, true, false, "tiny"},
+        MatMulCase{7, 13, 5, false, true, "tiny"}, MatMulCase{7, 13, 5, true, true, "tiny"},
+        MatMulCase{1, 1, 1, false, false, "tiny"}, MatMulCase{3, 257, 2, false, false, "tiny"},
+        // more than a tile's 64 KiB of operands: the planner must spread it
+        MatMulCase{61, 211, 67, true, false, "tiny"}, MatMulCase{31, 97, 53, false, true, "mk2"}));
 
 TEST(Elementwise, AddBiasReluAndGradientsMatchReference) {
   Graph g(ArchPreset::get("tiny"));
@@ -91,6 +93,7 @@ TEST(Elementwise, AddBiasReluAndGradientsMatchReference) {
   Tensor r = ops::relu(g, p, y, "r");
   Tensor dx = ops::relu_grad(g, p, dy, r, "dx");
   Tensor db = ops::column_sum(g, p, dy, "db");
+  for (const Tensor& t : {x, bias, dy, r, dx, db}) g.set_host_access(t);
   Engine e(g, {{"p", p}});
   const auto xv = random_floats(m * n, 3), bv = random_floats(n, 4), dyv = random_floats(m * n, 5);
   write_floats(e, x, xv);
@@ -122,6 +125,7 @@ TEST(Loss, SoftmaxCrossEntropyAndGradientMatchReference) {
   Program p;
   Tensor loss = ops::softmax_cross_entropy(g, p, logits, labels, "loss");
   Tensor grad = ops::softmax_cross_entropy_grad(g, p, logits, labels, dloss, "grad");
+  for (const Tensor& t : {logits, labels, dloss, loss, grad}) g.set_host_access(t);
   Engine e(g, {{"p", p}});
   const auto lv = random_floats(m * c, 6);
   std::vector<std::int32_t> yv(m);
@@ -155,6 +159,8 @@ TEST(Elementwise, ScaledAddInPlaceAndZero) {
   Program p, z;
   ops::scaled_add_in_place(g, p, acc, x, -0.5f, "axpy");
   ops::zero(g, z, acc, "zero");
+  g.set_host_access(acc);
+  g.set_host_access(x);
   Engine e(g, {{"p", p}, {"z", z}});
   const auto xv = random_floats(1001, 7);
   write_floats(e, x, xv);

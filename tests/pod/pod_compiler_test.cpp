@@ -21,8 +21,8 @@ TEST(Compiler, OneReplicaMatchesTheInterpreterStepForStep) {
   o.learning_rate = 0.2;
   const models::Model model = models::build_model("mlp", o);
   const std::size_t accumulation = 3, iterations = 2, seed = 11;
-  CompiledModel compiled = compile_for_ipu(model, ipu::ArchPreset::get("tiny"),
-                                           {accumulation, iterations, 1});
+  CompiledModel compiled =
+      compile_for_ipu(model, ipu::ArchPreset::get("tiny"), {accumulation, iterations, 1});
   ipu::Engine engine(*compiled.graph, compiled.programs);
   models::Interpreter reference(model.graph, seed);
   for (const auto& [id, tensor] : compiled.parameters)

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 namespace {
@@ -39,20 +40,23 @@ std::string mpirun(int ranks) {
 
 class PodTrain : public ::testing::Test {
  protected:
-  static fs::path dir() { return fs::temp_directory_path() / ("ipupod_pod_train_" + std::to_string(getpid())); }
+  static fs::path dir() {
+    return fs::temp_directory_path() / ("ipupod_pod_train_" + std::to_string(getpid()));
+  }
   static fs::path data() { return dir() / "fashion-mnist-small.h5"; }
 
   static void SetUpTestSuite() {
     fs::create_directories(dir());
-    const Result r = run(std::string(IPUPOD_BINARY) + " data fashion-mnist --out " + data().string() +
-                         " --limit-train 4000 --limit-test 800");
+    const Result r = run(std::string(IPUPOD_BINARY) + " data fashion-mnist --out " +
+                         data().string() + " --limit-train 4000 --limit-test 800");
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
   static void TearDownTestSuite() { fs::remove_all(dir()); }
 
   static void expect_bad_input(const Result& r, const std::string& message) {
     EXPECT_EQ(r.exit_code, 2) << r.output;
-    EXPECT_NE(r.output.find(message), std::string::npos) << "expected '" << message << "' in:\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << "expected '" << message << "' in:\n"
+                                                         << r.output;
   }
 };
 
@@ -61,7 +65,8 @@ TEST_F(PodTrain, TwoReplicasLearnAndEndWithBitwiseIdenticalWeights) {
   const Result r = run(mpirun(3) + "train --model mlp --hidden 32 --data " + data().string() +
                        " --replicas 2 --micro-batch 10 --gradient-accumulation 2"
                        " --device-iterations 2 --epochs 2 --learning-rate 0.1 --arch tiny"
-                       " --topology m2000 --run-dir " + run_dir.string());
+                       " --topology m2000 --run-dir " +
+                       run_dir.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::ifstream in(run_dir / "summary.json");
   ASSERT_TRUE(in) << "no summary.json; output:\n" << r.output;
@@ -85,6 +90,17 @@ TEST_F(PodTrain, TwoReplicasLearnAndEndWithBitwiseIdenticalWeights) {
   EXPECT_EQ(memory[0].at("per_tile").size(), 32u);
   EXPECT_EQ(memory[0].at("tiles_over_capacity").get<int>(), 0);
   EXPECT_TRUE(fs::exists(run_dir / "metrics.csv"));
+  std::ifstream tr(run_dir / "trace.json");
+  const auto trace = nlohmann::json::parse(tr);
+  std::set<int> pids;
+  std::set<std::string> categories;
+  for (const auto& e : trace.at("traceEvents")) {
+    pids.insert(e.at("pid").get<int>());
+    if (e.at("ph") == "X") categories.insert(e.at("cat").get<std::string>());
+  }
+  EXPECT_EQ(pids, (std::set<int>{0, 1}));
+  for (const char* c : {"compute", "exchange", "sync", "host", "fabric"})
+    EXPECT_TRUE(categories.count(c)) << c;
 }
 
 TEST_F(PodTrain, ModelThatDoesNotFitFailsWithTheTileReport) {
@@ -97,8 +113,9 @@ TEST_F(PodTrain, ModelThatDoesNotFitFailsWithTheTileReport) {
 }
 
 TEST_F(PodTrain, MissingDataFileIsBadInput) {
-  expect_bad_input(run(mpirun(3) + "train --data " + (dir() / "absent.h5").string() + " --replicas 2"),
-                   "does not exist");
+  expect_bad_input(
+      run(mpirun(3) + "train --data " + (dir() / "absent.h5").string() + " --replicas 2"),
+      "does not exist");
 }
 
 TEST_F(PodTrain, NonHdf5DataFileIsBadInput) {
@@ -126,9 +143,9 @@ TEST_F(PodTrain, UsageErrorsExitTwoAndHelpDescribesEveryOption) {
   expect_bad_input(run(std::string(IPUPOD_BINARY) + " train --replicas 2"), "--data is required");
   const Result help = run(std::string(IPUPOD_BINARY) + " train --help");
   EXPECT_EQ(help.exit_code, 0);
-  for (const char* option : {"--model", "--data", "--replicas", "--stages", "--micro-batch",
-                             "--gradient-accumulation", "--device-iterations", "--epochs", "--arch",
-                             "--run-dir"})
+  for (const char* option :
+       {"--model", "--data", "--replicas", "--stages", "--micro-batch", "--gradient-accumulation",
+        "--device-iterations", "--epochs", "--arch", "--run-dir"})
     EXPECT_NE(help.output.find(option), std::string::npos) << option;
 }
 
