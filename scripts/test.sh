@@ -21,6 +21,6 @@ build_and_test() {
 
 build_and_test "${IPUPOD_BUILD_DIR:-build/test}" -DCMAKE_BUILD_TYPE=RelWithDebInfo
 if [[ "${IPUPOD_SKIP_SANITIZE:-0}" != 1 ]]; then
-  build_and_test build/sanitize -DCMAKE_BUILD_TYPE=Debug -DIPUPOD_SANITIZE=ON
+  build_and_test build/sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIPUPOD_SANITIZE=ON
 fi
 echo "== all tests passed"
