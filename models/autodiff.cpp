@@ -8,8 +8,8 @@ namespace ipupod::models {
 namespace {
 
 // Sums a broadcast gradient back to the shape of the operand it came from.
-ValueId sum_to(Graph& g, ValueId d, const Shape& target, const std::string& name) {
-  const Shape& s = g.info(d).shape;
+ValueId sum_to(Graph& g, ValueId d, Shape target, const std::string& name) {
+  const Shape s = g.info(d).shape;  // copies: adding ops reallocates the graph's values
   if (s == target) return d;
   const std::size_t lead = s.size() - target.size();
   std::vector<std::size_t> axes;
@@ -83,7 +83,7 @@ std::map<ValueId, ValueId> build_backward(Graph& g, ValueId loss, double loss_sc
     const ValueId y = *op.output;
     const std::string n = op.name + "/grad";
     const auto x = [&](std::size_t k) { return op.inputs.at(k); };
-    const auto shape = [&](std::size_t k) -> const Shape& { return g.info(x(k)).shape; };
+    const auto shape = [&](std::size_t k) -> Shape { return g.info(x(k)).shape; };
     const auto out_like = [&](std::size_t k) { return g.info(x(k)); };
     switch (op.kind) {
       case OpKind::input:

@@ -120,6 +120,19 @@ void Interpreter::run_op(std::size_t index, const Op& op) {
       const Buffer &a = in(0), &b = in(1);
       const std::size_t m = out.info.shape[0], n = out.info.shape[1];
       const std::size_t k = op.transpose_a ? a.info.shape[0] : a.info.shape[1];
+      if (!op.transpose_a && op.transpose_b) {  // rows of a against rows of b: contiguous dots
+        for (std::size_t r = 0; r < m; ++r)
+          for (std::size_t c = 0; c < n; ++c) {
+            const float *pa = &a.f[r * k], *pb = &b.f[c * k];
+            float s[4] = {0.f, 0.f, 0.f, 0.f};
+            std::size_t p = 0;
+            for (; p + 4 <= k; p += 4)
+              for (std::size_t j = 0; j < 4; ++j) s[j] += pa[p + j] * pb[p + j];
+            for (; p < k; ++p) s[0] += pa[p] * pb[p];
+            out.f[r * n + c] = (s[0] + s[1]) + (s[2] + s[3]);
+          }
+        break;
+      }
       for (std::size_t r = 0; r < m; ++r)
         for (std::size_t p = 0; p < k; ++p) {
           const float av = op.transpose_a ? a.f[p * m + r] : a.f[r * k + p];

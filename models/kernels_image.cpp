@@ -128,9 +128,12 @@ void conv2d_grad_weight(const Op& op, const Buffer& dy, const Buffer& x, Buffer&
         const float* g = dy.f.data() + (b * d.co + oc) * d.p;
         for (std::size_t k = 0; k < d.k; ++k) {
           const float* c = col.data() + k * d.p;
-          double s = 0;
-          for (std::size_t p = 0; p < d.p; ++p) s += static_cast<double>(g[p]) * c[p];
-          acc[oc * d.k + k] += s;
+          float s[8] = {};  // independent partial sums: vectorisable, still deterministic
+          std::size_t p = 0;
+          for (; p + 8 <= d.p; p += 8)
+            for (std::size_t j = 0; j < 8; ++j) s[j] += g[p + j] * c[p + j];
+          for (; p < d.p; ++p) s[0] += g[p] * c[p];
+          acc[oc * d.k + k] += ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
         }
       }
     }
