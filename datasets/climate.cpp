@@ -87,8 +87,8 @@ void plan_split(FieldPlan& plan, const ClimateOptions& options) {
   if (boundary < options.patch || test_cols < options.patch) {
     throw DatasetError(where + " has a single slice, so it is split along its " +
                        std::to_string(field.cols()) + " columns, but --test-fraction " +
-                       std::to_string(options.test_fraction) + " leaves " +
-                       std::to_string(boundary) + " train and " + std::to_string(test_cols) +
+                       to_text(options.test_fraction) + " leaves " + std::to_string(boundary) +
+                       " train and " + std::to_string(test_cols) +
                        " test columns; each needs at least " + std::to_string(options.patch) +
                        " (change --test-fraction or --patch, or use a field with a time axis)");
   }
@@ -123,7 +123,7 @@ void standardisation(FieldPlan& plan) {
       std::max(0.0, sum_squares / static_cast<double>(count) - plan.mean * plan.mean);
   plan.std = std::sqrt(variance);
   if (!(plan.std > 0)) {
-    throw DatasetError(where + " is constant (" + std::to_string(plan.mean) +
+    throw DatasetError(where + " is constant (" + to_text(plan.mean) +
                        ") over its training part; it cannot be standardised");
   }
 }
@@ -212,11 +212,11 @@ void check_options(const ClimateOptions& options) {
   }
   if (!(options.test_fraction > 0 && options.test_fraction < 1)) {
     throw DatasetError("--test-fraction must lie strictly between 0 and 1, got " +
-                       std::to_string(options.test_fraction));
+                       to_text(options.test_fraction));
   }
   if (!(options.min_valid_fraction >= 0 && options.min_valid_fraction <= 1)) {
     throw DatasetError("--min-valid must lie in [0, 1], got " +
-                       std::to_string(options.min_valid_fraction));
+                       to_text(options.min_valid_fraction));
   }
 }
 
@@ -258,13 +258,13 @@ ConversionSummary convert_climate(const ClimateOptions& options) {
                     "): " + std::to_string(train_patches.size()) + " train + " +
                     std::to_string(test_patches.size()) + " test patches, " +
                     std::to_string(plans[f].dropped) + " dropped as mostly missing; mean " +
-                    std::to_string(plans[f].mean) + ", std " + std::to_string(plans[f].std) +
+                    to_text(plans[f].mean) + ", std " + to_text(plans[f].std) +
                     (plans[f].data.units.empty() ? "" : " " + plans[f].data.units));
   }
   for (const auto& [split, patches] : {std::pair{"train", &train}, std::pair{"test", &test}}) {
     if (patches->empty()) {
       throw DatasetError(std::string("no ") + split + " patch has at least " +
-                         std::to_string(options.min_valid_fraction * 100) +
+                         to_text(options.min_valid_fraction * 100) +
                          "% valid cells; lower --min-valid, change --test-fraction or add fields");
     }
   }
@@ -315,7 +315,7 @@ ConversionSummary convert_climate(const ClimateOptions& options) {
   output.set_attribute("split",
                        "along each field's outermost dimension (time where present): "
                        "the last " +
-                           std::to_string(options.test_fraction) +
+                           to_text(options.test_fraction) +
                            " of it is test; single-slice fields split by columns");
   return output.finish();
 }

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iomanip>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -111,6 +113,12 @@ void precondition(const System& s, const std::vector<double>& pivot, const std::
   }
 }
 
+std::string scientific(double value) {
+  std::ostringstream text;
+  text << std::scientific << std::setprecision(2) << value;
+  return text.str();
+}
+
 double dot(const std::vector<double>& a, const std::vector<double>& b) {
   double sum = 0;
   for (std::size_t i = 0; i < a.size(); ++i) sum += a[i] * b[i];
@@ -158,8 +166,8 @@ ConductivitySolution solve_effective_conductivity(std::span<const double> k, std
     if (solution.iterations == max_iterations) {
       throw std::runtime_error(
           "conductivity solve on a " + std::to_string(height) + "x" + std::to_string(width) +
-          " grid did not reach the relative residual " + std::to_string(options.tolerance) +
-          " in " + std::to_string(max_iterations) + " iterations (at " + std::to_string(residual) +
+          " grid did not reach the relative residual " + scientific(options.tolerance) + " in " +
+          std::to_string(max_iterations) + " iterations (at " + scientific(residual) +
           "); raise the tolerance or lower the phase contrast");
     }
     apply(system, p, q);

@@ -43,6 +43,12 @@ struct StagingGuard {
 
 }  // namespace
 
+std::string to_text(double value) {
+  std::ostringstream text;
+  text << value;
+  return text.str();
+}
+
 std::string join(const std::vector<std::string>& items, const std::string& separator) {
   std::string out;
   for (std::size_t i = 0; i < items.size(); ++i) out += (i ? separator : "") + items[i];
@@ -51,7 +57,12 @@ std::string join(const std::vector<std::string>& items, const std::string& separ
 
 std::string ConversionSummary::summary() const {
   std::ostringstream text;
-  for (const auto& [split, count] : samples) {
+  // Train first: std::map would list test before train.
+  std::vector<std::pair<std::string, std::size_t>> ordered(samples.begin(), samples.end());
+  std::stable_sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) {
+    return a.first == "train" && b.first != "train";
+  });
+  for (const auto& [split, count] : ordered) {
     text << split << ": " << count << " samples";
     for (const ArrayLine& line : arrays) {
       if (line.split != split) continue;

@@ -61,6 +61,9 @@ class DatasetOutput {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
+// A number as people write it: "0.25", "1e-07", "18.2447" (not std::to_string's "0.250000").
+std::string to_text(double value);
+
 // "a, b, c" -- for attributes that list names.
 std::string join(const std::vector<std::string>& items, const std::string& separator = ", ");
 

@@ -74,17 +74,16 @@ void check_options(const MicrostructureOptions& options) {
     throw DatasetError(
         "--contrast must lie strictly between 0 and 1 (the solid's conductivity "
         "relative to the conducting phase), got " +
-        std::to_string(options.contrast));
+        to_text(options.contrast));
   }
   if (!(options.min_fraction > 0 && options.min_fraction <= options.max_fraction &&
         options.max_fraction < 1)) {
     throw DatasetError("conducting fractions need 0 < --min-fraction <= --max-fraction < 1, got " +
-                       std::to_string(options.min_fraction) + " and " +
-                       std::to_string(options.max_fraction));
+                       to_text(options.min_fraction) + " and " + to_text(options.max_fraction));
   }
   if (!(options.tolerance > 0 && options.tolerance < 1)) {
     throw DatasetError("--tolerance must lie strictly between 0 and 1, got " +
-                       std::to_string(options.tolerance));
+                       to_text(options.tolerance));
   }
 }
 
@@ -214,8 +213,8 @@ ConversionSummary convert_microstructure(const MicrostructureOptions& options) {
     output.add_extra(name, "volume_fraction", std::move(fractions));
     output.add_extra(name, "kind", std::move(kind_array));
     output.add_note(std::string(name) + ": mean effective conductivity " +
-                    std::to_string(sum / static_cast<double>(count)) + ", " +
-                    std::to_string(within_hs) + "/" + std::to_string(count) +
+                    to_text(sum / static_cast<double>(count)) + ", " + std::to_string(within_hs) +
+                    "/" + std::to_string(count) +
                     " inside the 2-D Hashin-Shtrikman bounds, at most " +
                     std::to_string(max_iterations) + " CG iterations");
   }
@@ -233,8 +232,8 @@ ConversionSummary convert_microstructure(const MicrostructureOptions& options) {
                        "effective conductivity relative to the conducting phase");
   output.set_attribute("normalisation", "none: inputs are 0/1, targets lie in [contrast, 1]");
   output.set_attribute("kinds", "0 particles, 1 grf, 2 texture; used: " + join(kind_names));
-  output.set_attribute("contrast", std::to_string(options.contrast));
-  output.set_attribute("tolerance", std::to_string(options.tolerance));
+  output.set_attribute("contrast", to_text(options.contrast));
+  output.set_attribute("tolerance", to_text(options.tolerance));
   output.set_attribute("seed", std::to_string(options.seed));
   return output.finish();
 }

@@ -127,7 +127,7 @@ void check_options(const SrImagesOptions& options) {
   if (options.crops_per_image == 0) throw DatasetError("--crops-per-image must be at least 1");
   if (!(options.test_fraction > 0 && options.test_fraction < 1)) {
     throw DatasetError("--test-fraction must lie strictly between 0 and 1, got " +
-                       std::to_string(options.test_fraction));
+                       to_text(options.test_fraction));
   }
 }
 
