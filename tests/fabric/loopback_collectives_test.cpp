@@ -22,6 +22,9 @@ TEST_P(LoopbackCollectives, EveryCollectiveMatchesTheDocumentedOrderBitwise) {
 }
 
 TEST_P(LoopbackCollectives, ManyMegabyteAllReduceWithDefaultSegments) {
+  if (GetParam() != 3 && GetParam() != 8) {
+    GTEST_SKIP() << "run at 3 and 8 participants only, to keep the suite fast";
+  }
   run_on_loopback(GetParam(), [](Transport& t) {
     CaseOptions ring;
     ring.collective.algorithm = Algorithm::ring;
@@ -78,9 +81,9 @@ void check_hierarchical(const Topology& topo, const std::vector<int>& ipus,
       options.collective.algorithm = Algorithm::hierarchical;
       options.collective.topology = &topo;
       options.collective.ipus = ipus;
-      options.collective.segment_bytes = 256;
+      options.collective.segment_bytes = 1024;
       options.stages = stages;
-      for (std::size_t length : kLengths) {
+      for (std::size_t length : {0, 1, 3, 1000, 20011}) {
         for (ReduceOp op : {ReduceOp::sum, ReduceOp::mean, ReduceOp::max}) {
           check_all_reduce(t, length, op, options);
         }

@@ -22,11 +22,11 @@ TEST(MpiCollectives, ManyMegabyteAllReduceWithDefaultSegments) {
   MpiTransport t(MPI_COMM_WORLD);
   CaseOptions ring;
   ring.collective.algorithm = Algorithm::ring;
-  check_all_reduce(t, std::size_t{3} << 20, ReduceOp::sum, ring);
+  check_all_reduce(t, std::size_t{2} << 20, ReduceOp::sum, ring);
   CaseOptions bidirectional;
   bidirectional.type = DataType::float16;
   bidirectional.collective.algorithm = Algorithm::bidirectional_ring;
-  check_all_reduce(t, (std::size_t{2} << 20) + 5, ReduceOp::mean, bidirectional);
+  check_all_reduce(t, (std::size_t{1} << 20) + 5, ReduceOp::mean, bidirectional);
 }
 
 TEST(MpiCollectives, BroadcastFromNonZeroRootByTreeAndRing) {
@@ -48,7 +48,7 @@ TEST(MpiCollectives, HierarchicalOnTwoMachinesOfAPod16) {
   CaseOptions options;
   options.collective.algorithm = Algorithm::hierarchical;
   options.collective.topology = &pod16;
-  options.collective.segment_bytes = 512;
+  options.collective.segment_bytes = 1024;
   if (t.size() == 8) {
     options.collective.ipus = {0, 1, 2, 3, 4, 5, 6, 7};
     options.stages = {Rings{{0, 1, 2, 3}, {4, 5, 6, 7}}, Rings{{0, 4}, {1, 5}, {2, 6}, {3, 7}}};
@@ -60,7 +60,7 @@ TEST(MpiCollectives, HierarchicalOnTwoMachinesOfAPod16) {
   }
   for (DataType type : {DataType::float32, DataType::float16}) {
     options.type = type;
-    for (std::size_t length : kLengths) {
+    for (std::size_t length : {0, 1, 3, 1000, 20011}) {
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::mean, ReduceOp::max}) {
         check_all_reduce(t, length, op, options);
       }
