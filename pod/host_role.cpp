@@ -100,10 +100,25 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
   std::unique_ptr<host::StreamServer> server;
   const auto timeout = std::chrono::milliseconds(static_cast<long>(c.timeout_s * 1000));
   try {
-    train = std::make_unique<host::Loader>(host::LoaderConfig{
-        c.data, "train", c.replicas, c.samples_per_replica_step(), c.shuffle, c.seed});
-    test = std::make_unique<host::Loader>(
-        host::LoaderConfig{c.data, "test", c.replicas, c.micro_batch, false, c.seed});
+    train = std::make_unique<host::Loader>(
+        host::LoaderConfig{.path = c.data,
+                           .split = "train",
+                           .replicas = c.replicas,
+                           .samples_per_step = c.samples_per_replica_step(),
+                           .shuffle = c.shuffle,
+                           .seed = c.seed,
+                           .prefetch_steps = 2,
+                           .check_finite = true});
+    // The test split is read again every epoch by the feeders and the metrics loop, out of the
+    // order a prefetching reader follows: read it synchronously.
+    test = std::make_unique<host::Loader>(host::LoaderConfig{.path = c.data,
+                                                             .split = "test",
+                                                             .replicas = c.replicas,
+                                                             .samples_per_step = c.micro_batch,
+                                                             .shuffle = false,
+                                                             .seed = c.seed,
+                                                             .prefetch_steps = 0,
+                                                             .check_finite = true});
     startup.classes = check_classification_data(train->file());
     startup.sample_shape = train->info().inputs.sample_shape;
     startup.train_steps = train->steps_per_epoch();
