@@ -104,7 +104,7 @@ TEST_F(PodTrain, TwoReplicasLearnAndEndWithBitwiseIdenticalWeights) {
 }
 
 TEST_F(PodTrain, ModelThatDoesNotFitFailsWithTheTileReport) {
-  const Result r = run(mpirun(2) + "train --hidden 4096 --data " + data().string() +
+  const Result r = run(mpirun(2) + "train --hidden 1024 --data " + data().string() +
                        " --arch tiny --run-dir " + (dir() / "oom").string());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   for (const char* part : {"Out of memory: Cannot fit all variable data onto one or more tiles",
