@@ -174,3 +174,56 @@ TEST(Optimizers, PlainSgdStaysOneSgdStepPerParameter) {
 
 }  // namespace
 }  // namespace ipupod::models
+
+namespace ipupod::models {
+namespace {
+
+// The rate each schedule gives at steps 1..n (read back from the lr_schedule op's output).
+std::vector<float> rates(const LrSchedule& schedule, int steps) {
+  Graph g;
+  const ValueId p = g.parameter("p", {DType::f32, {1}}, 1.0);
+  const ValueId grad = g.input("grad", {DType::f32, {1}});
+  OptimizerOptions o;
+  o.kind = OptimizerKind::sgd_momentum;
+  o.momentum = 0;
+  o.schedule = schedule;
+  build_optimizer(g, {{p, grad}}, 0.1, o);
+  ValueId lr = -1;
+  for (const Op& op : g.ops())
+    if (op.kind == OpKind::lr_schedule) lr = *op.output;
+  Interpreter in(g);
+  in.set(grad, Buffer::zeros(g.info(grad)));
+  std::vector<float> out;
+  for (int i = 0; i < steps; ++i) {
+    in.run({Phase::optimizer});
+    out.push_back(in.get(lr).f[0]);
+  }
+  return out;
+}
+
+TEST(Optimizers, ScheduleShapes) {
+  LrSchedule step;
+  step.kind = ScheduleKind::step;
+  step.step_size = 2;
+  step.gamma = 0.5;
+  const auto s = rates(step, 5);
+  EXPECT_FLOAT_EQ(s[0], 0.1f);
+  EXPECT_FLOAT_EQ(s[1], 0.1f);
+  EXPECT_FLOAT_EQ(s[2], 0.05f);
+  EXPECT_FLOAT_EQ(s[4], 0.025f);
+  LrSchedule cosine;
+  cosine.kind = ScheduleKind::cosine;
+  cosine.warmup_steps = 2;
+  cosine.total_steps = 6;
+  cosine.min_lr = 0.01;
+  const auto c = rates(cosine, 8);
+  EXPECT_FLOAT_EQ(c[0], 0.05f);  // warm-up: lr * 1/2, lr * 2/2
+  EXPECT_FLOAT_EQ(c[1], 0.1f);
+  EXPECT_FLOAT_EQ(c[2], 0.1f);      // cosine starts at the full rate
+  EXPECT_NEAR(c[4], 0.055f, 1e-6);  // half-way: (lr + min) / 2
+  EXPECT_FLOAT_EQ(c[6], 0.01f);     // and stays at min_lr after total_steps
+  EXPECT_FLOAT_EQ(c[7], 0.01f);
+}
+
+}  // namespace
+}  // namespace ipupod::models
