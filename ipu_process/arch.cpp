@@ -2,6 +2,11 @@
 // Figures marked "assumed" have no public source yet and are the first to calibrate.
 #include "ipu_process/arch.hpp"
 
+#include <algorithm>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 namespace ipupod::ipu {
@@ -87,14 +92,120 @@ const std::vector<ArchPreset>& ArchPreset::all() {
   return presets;
 }
 
-const ArchPreset& ArchPreset::get(std::string_view name) {
-  std::string known;
-  for (const auto& p : all()) {
-    if (p.name == name) return p;
-    known += (known.empty() ? "" : ", ") + p.name;
+namespace {
+
+const ArchPreset* find_builtin(std::string_view name) {
+  for (const auto& p : ArchPreset::all())
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+// Reads a preset file; every field must be known and of the right type.
+ArchPreset load_preset_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in)
+    throw std::invalid_argument("architecture file '" + path +
+                                "' cannot be opened; check the path (or give a preset name: "
+                                "see `ipupod info`)");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument("architecture file '" + path + "' is not valid JSON: " + e.what());
   }
+  if (!j.is_object())
+    throw std::invalid_argument("architecture file '" + path + "' must hold a JSON object");
+  ArchPreset p;
+  if (j.contains("base")) {
+    const ArchPreset* base = find_builtin(j["base"].get<std::string>());
+    if (!base)
+      throw std::invalid_argument("architecture file '" + path + "': unknown base preset '" +
+                                  j["base"].get<std::string>() + "'");
+    p = *base;
+    p.sources.insert(p.sources.begin(), "based on the built-in preset " + base->name);
+  }
+  p.name = path;
+  const auto field = [&](const std::string& key, auto& value) {
+    if (!j.contains(key)) return;
+    try {
+      j.at(key).get_to(value);
+    } catch (const nlohmann::json::exception&) {
+      throw std::invalid_argument("architecture file '" + path + "': field '" + key +
+                                  "' has the wrong type (" + j.at(key).dump() + ")");
+    }
+  };
+  static const std::vector<std::string> known = {"base",
+                                                 "name",
+                                                 "description",
+                                                 "tiles",
+                                                 "bytes_per_tile",
+                                                 "clock_hz",
+                                                 "workers_per_tile",
+                                                 "fp32_flops_per_cycle_per_tile",
+                                                 "fp16_flops_per_cycle_per_tile",
+                                                 "fp32_vector_width",
+                                                 "exchange_bytes_per_cycle_per_tile",
+                                                 "exchange_latency_cycles",
+                                                 "sync_cycles_internal",
+                                                 "sync_cycles_external",
+                                                 "vertex_overhead_cycles",
+                                                 "vertex_state_bytes_per_region",
+                                                 "codelet_code_bytes",
+                                                 "host_link_bytes_per_s",
+                                                 "sources"};
+  for (const auto& [key, value] : j.items())
+    if (std::find(known.begin(), known.end(), key) == known.end())
+      throw std::invalid_argument("architecture file '" + path + "': unknown field '" + key + "'");
+  field("name", p.name);
+  field("description", p.description);
+  field("tiles", p.tiles);
+  field("bytes_per_tile", p.bytes_per_tile);
+  field("clock_hz", p.clock_hz);
+  field("workers_per_tile", p.workers_per_tile);
+  field("fp32_flops_per_cycle_per_tile", p.fp32_flops_per_cycle_per_tile);
+  field("fp16_flops_per_cycle_per_tile", p.fp16_flops_per_cycle_per_tile);
+  field("fp32_vector_width", p.fp32_vector_width);
+  field("exchange_bytes_per_cycle_per_tile", p.exchange_bytes_per_cycle_per_tile);
+  field("exchange_latency_cycles", p.exchange_latency_cycles);
+  field("sync_cycles_internal", p.sync_cycles_internal);
+  field("sync_cycles_external", p.sync_cycles_external);
+  field("vertex_overhead_cycles", p.vertex_overhead_cycles);
+  field("vertex_state_bytes_per_region", p.vertex_state_bytes_per_region);
+  field("codelet_code_bytes", p.codelet_code_bytes);
+  field("host_link_bytes_per_s", p.host_link_bytes_per_s);
+  std::vector<std::string> sources;
+  field("sources", sources);
+  p.sources.insert(p.sources.end(), sources.begin(), sources.end());
+  if (p.tiles == 0 || p.bytes_per_tile == 0 || !(p.clock_hz > 0) || p.workers_per_tile == 0 ||
+      !(p.fp32_flops_per_cycle_per_tile > 0) || p.fp32_vector_width == 0 ||
+      !(p.exchange_bytes_per_cycle_per_tile > 0) || !(p.host_link_bytes_per_s > 0))
+    throw std::invalid_argument(
+        "architecture file '" + path +
+        "' leaves a required figure zero (tiles, bytes_per_tile, clock_hz, workers_per_tile, "
+        "fp32_flops_per_cycle_per_tile, fp32_vector_width, exchange_bytes_per_cycle_per_tile, "
+        "host_link_bytes_per_s); give a \"base\" preset or set them");
+  return p;
+}
+
+}  // namespace
+
+const ArchPreset& ArchPreset::get(std::string_view name) {
+  if (const ArchPreset* p = find_builtin(name)) return *p;
+  if (name.size() > 5 && name.substr(name.size() - 5) == ".json") {
+    // Presets loaded from files live as long as the process; a deque keeps references stable.
+    static std::mutex mutex;
+    static std::deque<std::pair<std::string, ArchPreset>> loaded;
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& [path, preset] : loaded)
+      if (path == name) return preset;
+    ArchPreset preset = load_preset_file(std::string(name));
+    return loaded.emplace_back(std::string(name), std::move(preset)).second;
+  }
+  std::string known;
+  for (const auto& p : all()) known += (known.empty() ? "" : ", ") + p.name;
   throw std::invalid_argument("unknown architecture '" + std::string(name) +
-                              "'; known architectures: " + known + " (see `ipupod info`)");
+                              "'; known architectures: " + known +
+                              ", or the path of a .json preset file (see `ipupod info`)");
 }
 
 }  // namespace ipupod::ipu

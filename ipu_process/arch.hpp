@@ -33,8 +33,12 @@ struct ArchPreset {
   double peak_fp32_flops() const { return fp32_flops_per_cycle_per_tile * tiles * clock_hz; }
   std::size_t bytes_per_ipu() const { return bytes_per_tile * tiles; }
 
-  static const ArchPreset& get(std::string_view name);  // throws std::invalid_argument
-  static const std::vector<ArchPreset>& all();
+  // A built-in name, or the path of a JSON file (ending in .json) describing a preset: an
+  // optional "base" preset name, then any fields to override, e.g.
+  //   {"name": "mk2-half", "base": "mk2", "tiles": 736, "sources": ["half an MK2, hypothetical"]}
+  // Throws std::invalid_argument for an unknown name, a bad file or an unknown field.
+  static const ArchPreset& get(std::string_view name_or_file);
+  static const std::vector<ArchPreset>& all();  // the built-in presets
 };
 
 }  // namespace ipupod::ipu

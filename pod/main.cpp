@@ -21,7 +21,9 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
   train.add_option("--hidden", c.hidden, "mlp: widths of the hidden layers")->capture_default_str();
   train.add_option("--data", c.data, "HDF5 training data made by `ipupod data` (/train, /test)")
       ->required();
-  train.add_option("--arch", c.arch, "IPU architecture preset: mk1, mk2, bow, tiny")
+  train
+      .add_option("--arch", c.arch,
+                  "IPU architecture: mk1, mk2, bow, tiny, or a .json preset file (see README)")
       ->capture_default_str();
   train.add_option("--topology", c.topology, "Pod topology preset for the link cost model")
       ->capture_default_str();

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 
 #include "ipu_process/engine.hpp"
 #include "ipu_process/ops/elementwise.hpp"
@@ -291,6 +292,30 @@ TEST(Trace, EventsTileThePredictedTimeline) {
     end = ev.start_cycles + ev.cycles;
   }
   EXPECT_EQ(end, e.cycles().total());
+}
+
+TEST(ArchPresets, UserPresetFromAFileOverridesABase) {
+  const std::string path = ::testing::TempDir() + "half_mk2.json";
+  {
+    std::ofstream out(path);
+    out << R"({"base": "mk2", "name": "half-mk2", "tiles": 736, "sources": ["hypothetical"]})";
+  }
+  const ArchPreset& p = ArchPreset::get(path);
+  EXPECT_EQ(p.name, "half-mk2");
+  EXPECT_EQ(p.tiles, 736u);
+  EXPECT_EQ(p.bytes_per_tile, ArchPreset::get("mk2").bytes_per_tile);
+  EXPECT_EQ(p.sources.back(), "hypothetical");
+  EXPECT_EQ(&ArchPreset::get(path), &p);  // loaded once, references stay valid
+
+  const std::string bad = ::testing::TempDir() + "bad_arch.json";
+  std::ofstream(bad) << R"({"base": "mk2", "tilez": 3})";
+  try {
+    ArchPreset::get(bad);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown field 'tilez'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ArchPreset::get("no-such-arch"), std::invalid_argument);
 }
 
 }  // namespace
