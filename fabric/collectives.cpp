@@ -35,6 +35,11 @@ int ring_tag(std::size_t stage, int kind, int lane) {
 }
 constexpr int kScatterTag = collective_tags::first_reserved + 8;
 
+// Without a topology, broadcast uses the tree below this size (log2(n) latencies) and scatter +
+// ring all-gather above it (each link carries the message about once); a tuning choice, not
+// hardware: the tree's extra copies start to cost more than the ring's extra steps near here.
+constexpr std::size_t kRingBroadcastMinBytes = std::size_t{256} << 10;
+
 // --- plans ----------------------------------------------------------------------------------
 
 // A stage partitions the participants into rings (transport ranks in ring order) that run the
@@ -231,11 +236,9 @@ double predict_broadcast(Algorithm algorithm, std::size_t bytes, const Topology&
   if (n < 2 || bytes == 0) return 0.0;
   if (algorithm == Algorithm::ring) {
     // Scatter from the root (its sends share its links: n-1 blocks one after another), then a
-    // ring all-gather of the blocks.
-    const Plan plan{Algorithm::ring, {flat_ring(n)}, 1};
+    // ring all-gather of the blocks: 2(n-1) block steps, priced on the ring's slowest edge.
     const double block = static_cast<double>(bytes) / n;
-    return (n - 1) * slowest_edge_seconds(topo, ipus, plan.stages.front(), block) +
-           predict_plan(plan, Collective::all_gather, DataType::float16, bytes / 2, topo, ipus);
+    return 2.0 * (n - 1) * slowest_edge_seconds(topo, ipus, flat_ring(n), block);
   }
   // Binomial tree: ceil(log2 n) rounds, each the whole message over the slowest link in use.
   int rounds = 0;
@@ -316,8 +319,8 @@ Prepared prepare(Collective collective, DataType type, std::size_t elements, int
     // No topology: the choice this machine's measurements favour (see bench allreduce).
     Algorithm algorithm = Algorithm::ring;
     if (collective == Collective::broadcast) {
-      algorithm = (bytes >= (std::size_t{256} << 10) && participants > 2) ? Algorithm::ring
-                                                                          : Algorithm::tree;
+      algorithm =
+          (bytes >= kRingBroadcastMinBytes && participants > 2) ? Algorithm::ring : Algorithm::tree;
     }
     if (collective == Collective::barrier) algorithm = Algorithm::dissemination;
     std::string why;

@@ -29,7 +29,9 @@ enum class Collective { all_reduce, reduce_scatter, all_gather, broadcast, barri
 //    number of machines in every pod) and a topology in the options.
 //  tree (broadcast only): binomial tree; broadcast's ring is scatter + ring all-gather.
 //  dissemination (barrier only).
-//  automatic: the fastest predicted on the options' topology; without one, by size.
+//  automatic: the fastest predicted on the options' topology; without one: ring (measured on
+//    one node, the two lanes of bidirectional_ring bring nothing there), and for broadcast the
+//    tree below 256 KiB, the ring above.
 enum class Algorithm { automatic, ring, bidirectional_ring, hierarchical, tree, dissemination };
 
 // Tags the collectives use; point-to-point traffic of callers must use tags below these.
