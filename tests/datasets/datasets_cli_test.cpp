@@ -86,6 +86,8 @@ TEST(DataCli, SrImagesNativeFlag) {
                                "--image", photos[1], "--crops-per-image", "2", "--lr-native"});
   EXPECT_EQ(run.exit_code, 0) << run.err;
   EXPECT_NE(run.out.find("inputs float32[2,3,16,16]"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("targets float32[2,3,64,64]"), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find("lr_small"), std::string::npos) << run.out;
 }
 
 }  // namespace
