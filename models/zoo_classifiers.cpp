@@ -34,7 +34,7 @@ void build_mlp(Model& m, Builder&, const ModelOptions& o) {
   Graph& g = m.graph;
   std::vector<std::size_t> shape = {o.micro_batch};
   std::size_t features = 1;
-  for (std::size_t d : o.sample_shape) shape.push_back(d), features *= d;
+  for (std::size_t d : sample_shape_or(o, {1, 28, 28})) shape.push_back(d), features *= d;
   m.input = g.input("input", {DType::f32, shape});
   m.labels = g.input("labels", {DType::i32, {o.micro_batch}});
   ValueId x = g.reshape(m.input, {o.micro_batch, features}, "flatten");

@@ -159,6 +159,11 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   ipu::Program zero_accumulators, accumulate, optimizer;
   std::vector<ipu::Tensor> accumulators;
   for (const auto& op : model.graph.ops()) {
+    if (op.phase == Phase::optimizer && op.kind != OpKind::sgd_step)
+      throw std::invalid_argument(std::string("optimizer op ") + models::op_name(op.kind) + " ('" +
+                                  op.name +
+                                  "') is not lowered onto the IPU yet; train with "
+                                  "plain SGD for now");
     if (op.kind != OpKind::sgd_step) continue;
     const ipu::Tensor& param = out.parameters.at(op.inputs[0]);
     const ipu::Tensor& grad = lowering.tensor(op.inputs[1]);

@@ -53,10 +53,8 @@ void print_info(const InfoRequest& r, std::ostream& out) {
   if (!r.topology.empty()) out << fabric::Topology::preset(r.topology).describe();
   if (!r.model.empty()) {
     models::ModelOptions options;
-    options.micro_batch = 1;
-    options.sample_shape = {1, 28, 28};
-    out << models::build_model(r.model, options).summary()
-        << "  (shown for one 1x28x28 sample per micro-batch)\n";
+    options.micro_batch = 1;  // each model's own default sample shape and full size
+    out << models::build_model(r.model, options).summary() << "  (shown for micro-batch 1)\n";
   }
   if (brief) print_arch_table(out);
   if (brief || !r.topology.empty()) {
