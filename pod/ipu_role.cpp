@@ -111,15 +111,24 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
   std::vector<int> ring;  // IPUs of this stage's replicas, in replica order
   for (std::size_t r = 0; r < config.replicas; ++r)
     ring.push_back(static_cast<int>(r * config.stages) + stage);
-  engine.bind_collectives({[&](std::span<float> data, ipu::CollectiveOp op) {
-                             fabric::all_reduce(transport, data,
-                                                op == ipu::CollectiveOp::mean
-                                                    ? fabric::ReduceOp::mean
-                                                    : fabric::ReduceOp::sum);
-                           },
-                           [&](std::size_t bytes) {
-                             return fabric::predict_all_reduce_seconds(topology, ring, bytes);
-                           }});
+  // The fabric picks the algorithm for the topology (ring, bidirectional ring, hierarchical)
+  // and the device is charged that algorithm's predicted time on the real links.
+  fabric::CollectiveOptions collective_options;
+  collective_options.topology = &topology;
+  collective_options.ipus = ring;
+  engine.bind_collectives(
+      {[&](std::span<float> data, ipu::CollectiveOp op) {
+         fabric::all_reduce(
+             transport, data,
+             op == ipu::CollectiveOp::mean ? fabric::ReduceOp::mean : fabric::ReduceOp::sum,
+             collective_options);
+       },
+       [&](std::size_t bytes) {
+         return fabric::predict(fabric::Collective::all_reduce, fabric::DataType::float32,
+                                bytes / sizeof(float), static_cast<int>(config.replicas),
+                                collective_options)
+             .predicted_seconds;
+       }});
 
   // Failures from here on are reported before the stream client closes (which would make the
   // host fail first with a less useful message).
