@@ -32,32 +32,6 @@ ValueId conv_bn(Builder& b, ValueId x, std::size_t out, std::size_t k, std::size
   return act ? nn::silu(b, x) : x;
 }
 
-ValueId block(Builder& b, ValueId x, const StageSpec& st, std::size_t in, std::size_t out,
-              std::size_t stride, double drop) {
-  Graph& g = b.graph();
-  const std::size_t hidden = in * st.expansion;
-  ValueId h = x;
-  Scope s(b, "block");
-  if (st.fused) {
-    if (st.expansion == 1) {
-      h = conv_bn(b, h, out, st.kernel, stride, 1, true, "0");
-    } else {
-      h = conv_bn(b, h, hidden, st.kernel, stride, 1, true, "0");
-      h = conv_bn(b, h, out, 1, 1, 1, false, "1");
-    }
-  } else {
-    h = conv_bn(b, h, hidden, 1, 1, 1, true, "0");
-    h = conv_bn(b, h, hidden, st.kernel, stride, hidden, true, "1");
-    h = nn::squeeze_excitation(b, h, std::max<std::size_t>(1, in / 4), "2");
-    h = conv_bn(b, h, out, 1, 1, 1, false, "3");
-  }
-  if (stride == 1 && in == out) {
-    h = nn::stochastic_depth(b, h, drop);
-    h = g.binary(BinaryFn::add, h, x, b.name("residual"));
-  }
-  return h;
-}
-
 // Which of the 8 feature children (stem, 6 stages, head conv) sits on which stage.
 std::vector<int> feature_stages(std::size_t stages) {
   switch (stages) {
@@ -78,6 +52,31 @@ std::vector<int> feature_stages(std::size_t stages) {
 }
 
 }  // namespace
+
+ValueId efficientnet_block(Builder& b, ValueId x, const EfficientNetBlock& spec) {
+  Graph& g = b.graph();
+  const std::size_t hidden = spec.in * spec.expansion;
+  ValueId h = x;
+  Scope s(b, "block");
+  if (spec.fused) {
+    if (spec.expansion == 1) {
+      h = conv_bn(b, h, spec.out, spec.kernel, spec.stride, 1, true, "0");
+    } else {
+      h = conv_bn(b, h, hidden, spec.kernel, spec.stride, 1, true, "0");
+      h = conv_bn(b, h, spec.out, 1, 1, 1, false, "1");
+    }
+  } else {
+    h = conv_bn(b, h, hidden, 1, 1, 1, true, "0");
+    h = conv_bn(b, h, hidden, spec.kernel, spec.stride, hidden, true, "1");
+    h = nn::squeeze_excitation(b, h, std::max<std::size_t>(1, spec.in / 4), "2");
+    h = conv_bn(b, h, spec.out, 1, 1, 1, false, "3");
+  }
+  if (spec.stride == 1 && spec.in == spec.out) {
+    h = nn::stochastic_depth(b, h, spec.drop);
+    h = g.binary(BinaryFn::add, h, x, b.name("residual"));
+  }
+  return h;
+}
 
 void build_efficientnetv2_s(Model& m, Builder& b, const ModelOptions& o) {
   Graph& g = m.graph;
@@ -108,7 +107,8 @@ void build_efficientnetv2_s(Model& m, Builder& b, const ModelOptions& o) {
       Scope s(b, "features." + std::to_string(si + 1) + "." + std::to_string(r));
       const std::size_t in = r == 0 ? ch(st.in) : ch(st.out);
       const double drop = 0.2 * static_cast<double>(index) / static_cast<double>(total_blocks);
-      x = block(b, x, st, in, ch(st.out), r == 0 ? st.stride : 1, drop);
+      x = efficientnet_block(
+          b, x, {st.fused, st.expansion, st.kernel, in, ch(st.out), r == 0 ? st.stride : 1, drop});
     }
   }
   g.set_stage(stage_of[7]);

@@ -17,6 +17,16 @@ void build_efficientnetv2_s(Model& m, Builder& b, const ModelOptions& o);
 void build_hae(Model& m, Builder& b, const ModelOptions& o);
 void build_transcyclegan(Model& m, Builder& b, const ModelOptions& o);
 
+// One (Fused-)MBConv block of EfficientNetV2 (conv + BN + SiLU units, squeeze-and-excitation,
+// residual with stochastic depth when stride 1 and in == out); the golden test checks it
+// against PyTorch.
+struct EfficientNetBlock {
+  bool fused = false;
+  std::size_t expansion = 1, kernel = 3, in = 0, out = 0, stride = 1;
+  double drop = 0;  // stochastic-depth probability
+};
+ValueId efficientnet_block(Builder& b, ValueId x, const EfficientNetBlock& spec);
+
 // Channels scaled by the width option, at least `minimum` and a multiple of `multiple`.
 inline std::size_t scaled(std::size_t channels, double width, std::size_t multiple = 1,
                           std::size_t minimum = 1) {

@@ -12,6 +12,7 @@
 #include "models/layers.hpp"
 #include "models/optimizers.hpp"
 #include "models/zoo.hpp"
+#include "models/zoo_models.hpp"
 
 namespace ipupod::models {
 namespace {
@@ -53,21 +54,6 @@ Buffer to_buffer(const GoldenArray& a, const TensorInfo& info, const std::string
 
 std::size_t u(double v) {
   return static_cast<std::size_t>(v);
-}
-
-ValueId conv_bn(Builder& b, ValueId x, std::size_t out, std::size_t k, std::size_t stride,
-                std::size_t groups, bool act, const std::string& name) {
-  Scope s(b, name);
-  x = nn::conv2d(b, x,
-                 {.out_channels = out,
-                  .kernel = k,
-                  .stride = stride,
-                  .padding = (k - 1) / 2,
-                  .groups = groups,
-                  .bias = false},
-                 "0");
-  x = nn::batch_norm2d(b, x, 1e-3, 0.1, "1");
-  return act ? nn::silu(b, x) : x;
 }
 
 struct Built {
@@ -136,20 +122,17 @@ Built build_case(Builder& b, ValueId x, const std::string& op,
   if (op == "l1_loss") return {nn::l1_loss(b, x, input("target", DType::f32))};
   if (op == "cross_entropy") return {nn::cross_entropy(b, x, input("labels", DType::i32))};
   if (op == "lsgan_loss") return {nn::lsgan_loss(b, x, a.at("target"))};
-  if (op == "mbconv") {
-    Scope sc(b, "block");
-    const std::size_t in = g.info(x).shape[1], hidden = in * u(a.at("expansion"));
-    ValueId h = conv_bn(b, x, hidden, 1, 1, 1, true, "0");
-    h = conv_bn(b, h, hidden, u(a.at("kernel")), 1, hidden, true, "1");
-    h = nn::squeeze_excitation(b, h, in / 4, "2");
-    h = conv_bn(b, h, u(a.at("out")), 1, 1, 1, false, "3");
-    return {g.binary(BinaryFn::add, h, x)};
-  }
-  if (op == "fused_mbconv") {
-    Scope sc(b, "block");
-    const std::size_t hidden = g.info(x).shape[1] * u(a.at("expansion"));
-    const ValueId h = conv_bn(b, x, hidden, u(a.at("kernel")), u(a.at("stride")), 1, true, "0");
-    return {conv_bn(b, h, u(a.at("out")), 1, 1, 1, false, "1")};
+  // The zoo's own EfficientNetV2 block, not a copy of it.
+  if (op == "mbconv" || op == "fused_mbconv") {
+    const std::size_t in = g.info(x).shape[1];
+    return {zoo_impl::efficientnet_block(b, x,
+                                         {.fused = op == "fused_mbconv",
+                                          .expansion = u(a.at("expansion")),
+                                          .kernel = u(a.at("kernel")),
+                                          .in = in,
+                                          .out = u(a.at("out")),
+                                          .stride = a.count("stride") ? u(a.at("stride")) : 1,
+                                          .drop = 0})};
   }
   if (op == "down_res_block") {
     const std::size_t out = u(a.at("out")), k = u(a.at("kernel")), st = u(a.at("stride"));
