@@ -465,6 +465,7 @@ Engine::Node Engine::compile(const Program& p) {
       node.stream = p.stream();
       node.name = p.kind() == Program::Kind::all_reduce ? "all_reduce" : p.stream();
       node.op = p.collective_op();
+      if (!p.tensors().empty()) node.dtype = p.tensors()[0].dtype();  // one dtype per node
       for (const Tensor& t : p.tensors()) {
         auto pieces = resolve(t);
         node.pieces.insert(node.pieces.end(), pieces.begin(), pieces.end());
@@ -551,24 +552,10 @@ void Engine::execute(const Node& node) {
     case Program::Kind::stream_to_device:
     case Program::Kind::stream_from_device:
     case Program::Kind::all_reduce: {
-      std::size_t elements = 0;
-      for (const auto& piece : node.pieces) elements += piece.elements;
-      const std::size_t esize = elements ? node.bytes / elements : 0;
       staging_.resize(node.bytes);
-      const auto scatter = [&] {
-        std::size_t off = 0;
-        for (const auto& piece : node.pieces) {
-          std::memcpy(piece.data, staging_.data() + off, piece.elements * esize);
-          off += piece.elements * esize;
-        }
-      };
-      const auto gather = [&] {
-        std::size_t off = 0;
-        for (const auto& piece : node.pieces) {
-          std::memcpy(staging_.data() + off, piece.data, piece.elements * esize);
-          off += piece.elements * esize;
-        }
-      };
+      const std::size_t esize = dtype_size(node.dtype);
+      const auto scatter = [&] { scatter_pieces(node.pieces, esize, staging_); };
+      const auto gather = [&] { gather_pieces(node.pieces, esize, staging_); };
       // Host and fabric transfers start with a sync across the IPU and its peers.
       account("sync", &CycleBreakdown::sync, arch.sync_cycles_external, "external sync");
       if (node.kind == Program::Kind::all_reduce) {
@@ -639,6 +626,24 @@ void Engine::check_host_access(const Tensor& t) const {
                            "call Graph::set_host_access on it before building the engine");
 }
 
+void Engine::gather_pieces(const std::vector<Piece>& pieces, std::size_t element_bytes,
+                           std::span<std::byte> out) {
+  std::size_t off = 0;
+  for (const auto& piece : pieces) {
+    std::memcpy(out.data() + off, piece.data, piece.elements * element_bytes);
+    off += piece.elements * element_bytes;
+  }
+}
+
+void Engine::scatter_pieces(const std::vector<Piece>& pieces, std::size_t element_bytes,
+                            std::span<const std::byte> in) {
+  std::size_t off = 0;
+  for (const auto& piece : pieces) {
+    std::memcpy(piece.data, in.data() + off, piece.elements * element_bytes);
+    off += piece.elements * element_bytes;
+  }
+}
+
 void Engine::write(const Tensor& t, std::span<const std::byte> bytes) {
   check_host_access(t);
   const std::size_t esize = dtype_size(t.dtype());
@@ -646,22 +651,14 @@ void Engine::write(const Tensor& t, std::span<const std::byte> bytes) {
     throw std::invalid_argument("write of " + std::to_string(bytes.size()) + " bytes to " +
                                 graph_.describe(t) + " of " + std::to_string(t.elements() * esize) +
                                 " bytes");
-  std::size_t off = 0;
-  for (const auto& piece : resolve(t)) {
-    std::memcpy(piece.data, bytes.data() + off, piece.elements * esize);
-    off += piece.elements * esize;
-  }
+  scatter_pieces(resolve(t), esize, bytes);
 }
 
 std::vector<std::byte> Engine::read(const Tensor& t) const {
   check_host_access(t);
   const std::size_t esize = dtype_size(t.dtype());
   std::vector<std::byte> out(t.elements() * esize);
-  std::size_t off = 0;
-  for (const auto& piece : resolve(t)) {
-    std::memcpy(out.data() + off, piece.data, piece.elements * esize);
-    off += piece.elements * esize;
-  }
+  gather_pieces(resolve(t), esize, out);
   return out;
 }
 

@@ -122,6 +122,11 @@ class Engine {
   bool predicate(const Node& node) const;
   void check_host_access(const Tensor& t) const;
   std::vector<Piece> resolve(const Tensor& t) const;
+  // Copy between tile pieces (in element order) and one contiguous host buffer.
+  static void gather_pieces(const std::vector<Piece>& pieces, std::size_t element_bytes,
+                            std::span<std::byte> out);
+  static void scatter_pieces(const std::vector<Piece>& pieces, std::size_t element_bytes,
+                             std::span<const std::byte> in);
   Node compile(const Program& p);
   void execute(const Node& node);
 
