@@ -54,6 +54,7 @@ class Lowering {
         result = g.add_variable(ipu::DType::f32, info.shape, op.name, ipu::MemoryCategory::weight);
         g.map_linearly(result);
         out_.parameters.emplace(*op.output, result);
+        out_.checkpointed.emplace_back(op.name, result);
         break;
       case OpKind::constant:
         result = g.add_variable(ipu::DType::f32, info.shape, op.name, ipu::MemoryCategory::weight);

@@ -30,6 +30,10 @@ struct CompiledModel {
   std::unique_ptr<ipu::Graph> graph;
   std::map<std::string, ipu::Program> programs;  // "train", "eval"
   std::map<models::ValueId, ipu::Tensor> parameters;
+  // Every tensor a checkpoint must hold to resume bitwise: parameters, optimizer state
+  // (moments, step counters), model state (running statistics, codebooks), gradient
+  // accumulators excluded. Named by the IR value (parameters, state) or "<param>/<slot>".
+  std::vector<std::pair<std::string, ipu::Tensor>> checkpointed;
   std::vector<std::pair<ipu::Tensor, float>> constants;  // to fill after the engine is built
   ipu::Tensor input, labels, logits, loss;
 };
