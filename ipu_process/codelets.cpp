@@ -13,6 +13,10 @@ const CodeletRegistry& CodeletRegistry::builtin() {
     register_matmul_codelets(r);
     register_reduce_codelets(r);
     register_loss_codelets(r);
+    register_segment_codelets(r);
+    register_softmax_codelets(r);
+    register_norm_codelets(r);
+    register_tensor_codelets(r);
     return r;
   }();
   return registry;

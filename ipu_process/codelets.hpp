@@ -71,5 +71,9 @@ void register_elementwise_codelets(CodeletRegistry& registry);
 void register_matmul_codelets(CodeletRegistry& registry);
 void register_reduce_codelets(CodeletRegistry& registry);
 void register_loss_codelets(CodeletRegistry& registry);
+void register_segment_codelets(CodeletRegistry& registry);
+void register_softmax_codelets(CodeletRegistry& registry);
+void register_norm_codelets(CodeletRegistry& registry);
+void register_tensor_codelets(CodeletRegistry& registry);
 
 }  // namespace ipupod::ipu

@@ -1,0 +1,829 @@
+// General tensor op library and its codelets.
+#include "ipu_process/ops/tensor_ops.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <optional>
+#include <stdexcept>
+
+#include "ipu_process/codelets.hpp"
+#include "ipu_process/ops/common.hpp"
+#include "ipu_process/ops/elementwise.hpp"
+
+namespace ipupod::ipu {
+namespace {
+
+using Index = std::int64_t;
+
+// MapAffine: out[o] = f(in0[pos0(o)], in1[pos1(o)]) where pos_i is affine in o's coordinates.
+enum MapOp : int { kCopyScaled = 0, kAdd, kSub, kMul, kDiv };
+// Parameter layout: [op, scale, inputs, rank, piece_begin, window_axis, window_begin,
+// window_end, shape[rank], then per input: offset, strides[rank]].
+constexpr std::size_t kMapHeader = 8;
+
+template <class F>
+void map_run(float* dst, std::size_t n, const float* a, Index sa, const float* b, Index sb, F f) {
+  if (sa == 1 && sb == 1) {
+    for (std::size_t j = 0; j < n; ++j) dst[j] = f(a[j], b[j]);
+  } else if (sa == 1 && sb == 0) {
+    const float bv = b[0];
+    for (std::size_t j = 0; j < n; ++j) dst[j] = f(a[j], bv);
+  } else {
+    for (std::size_t j = 0; j < n; ++j)
+      dst[j] = f(a[static_cast<Index>(j) * sa], b[static_cast<Index>(j) * sb]);
+  }
+}
+
+void map_affine(const VertexContext& c) {
+  const int op = static_cast<int>(c.param(0));
+  const float scale = static_cast<float>(c.param(1));
+  const std::size_t inputs = c.size_param(2), rank = c.size_param(3);
+  const std::size_t waxis = c.size_param(5), wb = c.size_param(6), we = c.size_param(7);
+  std::vector<std::size_t> shape(rank), coord(rank);
+  for (std::size_t d = 0; d < rank; ++d) shape[d] = c.size_param(kMapHeader + d);
+  const float* in[2] = {nullptr, nullptr};
+  Index offset[2] = {0, 0};
+  std::vector<Index> stride[2] = {std::vector<Index>(rank, 0), std::vector<Index>(rank, 0)};
+  std::size_t p = kMapHeader + rank;
+  for (std::size_t i = 0; i < inputs; ++i) {
+    in[i] = c.region<const float>(i).data();
+    offset[i] = static_cast<Index>(c.param(p++));
+    for (std::size_t d = 0; d < rank; ++d) stride[i][d] = static_cast<Index>(c.param(p++));
+  }
+  if (inputs == 1) in[1] = in[0];
+  auto out = c.region<float>(inputs);
+  std::size_t rem = c.size_param(4);
+  for (std::size_t d = rank; d-- > 0;) coord[d] = rem % shape[d], rem /= shape[d];
+  const std::size_t last = rank - 1;
+  for (std::size_t o = 0; o < out.size();) {
+    const std::size_t run = std::min(shape[last] - coord[last], out.size() - o);
+    std::size_t lo = 0, hi = run;
+    if (waxis == last) {
+      lo = wb > coord[last] ? wb - coord[last] : 0;
+      hi = std::min(run, we > coord[last] ? we - coord[last] : 0);
+    } else if (waxis < rank && (coord[waxis] < wb || coord[waxis] >= we)) {
+      hi = 0;
+    }
+    if (lo < hi) {
+      Index pos[2] = {offset[0], offset[1]};
+      for (std::size_t i = 0; i < 2; ++i)
+        for (std::size_t d = 0; d < rank; ++d)
+          pos[i] += static_cast<Index>(coord[d] + (d == last ? lo : 0)) * stride[i][d];
+      const float* a = in[0] + pos[0];
+      const float* b = in[1] + (inputs == 1 ? pos[0] : pos[1]);
+      const Index sa = stride[0][last], sb = inputs == 1 ? sa : stride[1][last];
+      float* dst = out.data() + o + lo;
+      const std::size_t n = hi - lo;
+      switch (op) {
+        case kCopyScaled:
+          map_run(dst, n, a, sa, b, sb, [scale](float x, float) { return x * scale; });
+          break;
+        case kAdd:
+          map_run(dst, n, a, sa, b, sb, [](float x, float y) { return x + y; });
+          break;
+        case kSub:
+          map_run(dst, n, a, sa, b, sb, [](float x, float y) { return x - y; });
+          break;
+        case kMul:
+          map_run(dst, n, a, sa, b, sb, [](float x, float y) { return x * y; });
+          break;
+        case kDiv:
+          map_run(dst, n, a, sa, b, sb, [](float x, float y) { return x / y; });
+          break;
+        default:
+          throw std::logic_error("MapAffine: unknown op " + std::to_string(op));
+      }
+    }
+    o += run;
+    coord[last] += run;
+    for (std::size_t d = last; d > 0 && coord[d] >= shape[d]; --d)
+      coord[d] -= shape[d], ++coord[d - 1];
+  }
+}
+
+constexpr float kSqrt1_2 = 0.70710678118654752440f;
+constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
+
+float sigmoid(float x) {
+  return 1.f / (1.f + std::exp(-x));
+}
+
+float unary_value(ops::UnaryOp fn, float x, float alpha) {
+  using ops::UnaryOp;
+  switch (fn) {
+    case UnaryOp::gelu:
+      return 0.5f * x * (1.f + std::erf(x * kSqrt1_2));
+    case UnaryOp::silu:
+      return x * sigmoid(x);
+    case UnaryOp::sigmoid:
+      return sigmoid(x);
+    case UnaryOp::tanh:
+      return std::tanh(x);
+    case UnaryOp::leaky_relu:
+      return x > 0 ? x : alpha * x;
+    case UnaryOp::sqrt:
+      return std::sqrt(x);
+    case UnaryOp::rsqrt:
+      return 1.f / std::sqrt(x);
+    case UnaryOp::exp:
+      return std::exp(x);
+    case UnaryOp::log:
+      return std::log(x);
+    case UnaryOp::square:
+      return x * x;
+    case UnaryOp::abs:
+      return std::abs(x);
+    case UnaryOp::neg:
+      return -x;
+  }
+  return 0;
+}
+
+float unary_derivative(ops::UnaryOp fn, float x, float alpha) {
+  using ops::UnaryOp;
+  switch (fn) {
+    case UnaryOp::gelu:
+      return 0.5f * (1.f + std::erf(x * kSqrt1_2)) + x * kInvSqrt2Pi * std::exp(-0.5f * x * x);
+    case UnaryOp::silu: {
+      const float s = sigmoid(x);
+      return s * (1.f + x * (1.f - s));
+    }
+    case UnaryOp::sigmoid: {
+      const float s = sigmoid(x);
+      return s * (1.f - s);
+    }
+    case UnaryOp::tanh: {
+      const float t = std::tanh(x);
+      return 1.f - t * t;
+    }
+    case UnaryOp::leaky_relu:
+      return x > 0 ? 1.f : alpha;
+    case UnaryOp::sqrt:
+      return 0.5f / std::sqrt(x);
+    case UnaryOp::rsqrt:
+      return -0.5f / (x * std::sqrt(x));
+    case UnaryOp::exp:
+      return std::exp(x);
+    case UnaryOp::log:
+      return 1.f / x;
+    case UnaryOp::square:
+      return 2.f * x;
+    case UnaryOp::abs:
+      return x > 0 ? 1.f : (x < 0 ? -1.f : 0.f);
+    case UnaryOp::neg:
+      return -1.f;
+  }
+  return 0;
+}
+
+// Instructions per vector a unary function costs: transcendental ones go through the
+// multi-instruction function units, the rest are single ALU operations.
+std::size_t unary_instructions(ops::UnaryOp fn) {
+  using ops::UnaryOp;
+  switch (fn) {
+    case UnaryOp::gelu:
+    case UnaryOp::silu:
+    case UnaryOp::sigmoid:
+    case UnaryOp::tanh:
+    case UnaryOp::exp:
+    case UnaryOp::log:
+      return 4;
+    case UnaryOp::sqrt:
+    case UnaryOp::rsqrt:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+std::uint64_t splitmix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+std::uint64_t out_field_cycles(const Vertex& v, const ArchPreset& a, std::size_t field,
+                               std::size_t instructions) {
+  return vector_cycles(a, v.fields[field][0].elements(), instructions);
+}
+
+}  // namespace
+
+void register_tensor_codelets(CodeletRegistry& r) {
+  r.add({"MapAffine",
+         "out = op(in0[affine(o)], in1[affine(o)]) over the out piece (broadcast, permute, slice, "
+         "concat windows); params: op, scale, inputs, rank, piece begin, window, shape, "
+         "per-input offset and strides",
+         {"in0", "[in1]", "out"},
+         map_affine,
+         [](const Vertex& v, const ArchPreset& a) {
+           const std::size_t inputs = static_cast<std::size_t>(v.params[2]);
+           return out_field_cycles(v, a, inputs, inputs + 1);
+         }});
+  r.add({"Unary",
+         "out = f(x); params: function, alpha",
+         {"x", "out"},
+         [](const VertexContext& c) {
+           const auto fn = static_cast<ops::UnaryOp>(c.size_param(0));
+           const float alpha = static_cast<float>(c.param(1));
+           auto x = c.region<const float>(0);
+           auto out = c.region<float>(1);
+           for (std::size_t i = 0; i < x.size(); ++i) out[i] = unary_value(fn, x[i], alpha);
+         },
+         [](const Vertex& v, const ArchPreset& a) {
+           return out_field_cycles(v, a, 1,
+                                   unary_instructions(static_cast<ops::UnaryOp>(v.params[0])));
+         }});
+  r.add({"UnaryGrad",
+         "dx = dy * f'(x); params: function, alpha",
+         {"dy", "x", "dx"},
+         [](const VertexContext& c) {
+           const auto fn = static_cast<ops::UnaryOp>(c.size_param(0));
+           const float alpha = static_cast<float>(c.param(1));
+           auto dy = c.region<const float>(0);
+           auto x = c.region<const float>(1);
+           auto dx = c.region<float>(2);
+           for (std::size_t i = 0; i < x.size(); ++i)
+             dx[i] = dy[i] * unary_derivative(fn, x[i], alpha);
+         },
+         [](const Vertex& v, const ArchPreset& a) {
+           return out_field_cycles(v, a, 2,
+                                   1 + unary_instructions(static_cast<ops::UnaryOp>(v.params[0])));
+         }});
+  r.add({"ReducePartial",
+         "partial[out(x) - lo] += x over the piece (partial zeroed first); params: rank, piece "
+         "begin, lo, shape, output strides (0 on reduced axes)",
+         {"x", "partial"},
+         [](const VertexContext& c) {
+           auto x = c.region<const float>(0);
+           auto partial = c.region<float>(1);
+           const std::size_t rank = c.size_param(0);
+           const Index lo = static_cast<Index>(c.param(2));
+           std::vector<std::size_t> shape(rank), coord(rank);
+           std::vector<Index> stride(rank);
+           for (std::size_t d = 0; d < rank; ++d) {
+             shape[d] = c.size_param(3 + d);
+             stride[d] = static_cast<Index>(c.param(3 + rank + d));
+           }
+           std::size_t rem = c.size_param(1);
+           for (std::size_t d = rank; d-- > 0;) coord[d] = rem % shape[d], rem /= shape[d];
+           std::fill(partial.begin(), partial.end(), 0.f);
+           const std::size_t last = rank - 1;
+           for (std::size_t i = 0; i < x.size();) {
+             const std::size_t run = std::min(shape[last] - coord[last], x.size() - i);
+             Index pos = -lo;
+             for (std::size_t d = 0; d < rank; ++d) pos += static_cast<Index>(coord[d]) * stride[d];
+             float* dst = partial.data() + pos;
+             if (stride[last] == 0) {
+               float acc = 0.f;
+               for (std::size_t j = 0; j < run; ++j) acc += x[i + j];
+               dst[0] += acc;
+             } else {
+               for (std::size_t j = 0; j < run; ++j)
+                 dst[static_cast<Index>(j) * stride[last]] += x[i + j];
+             }
+             i += run;
+             coord[last] += run;
+             for (std::size_t d = last; d > 0 && coord[d] >= shape[d]; --d)
+               coord[d] -= shape[d], ++coord[d - 1];
+           }
+         },
+         [](const Vertex& v, const ArchPreset& a) { return out_field_cycles(v, a, 0, 1); }});
+  r.add({"SumRegions",
+         "out = scale * sum of the regions, region k added at out offset k; params: scale, "
+         "offsets",
+         {"regions", "out"},
+         [](const VertexContext& c) {
+           auto out = c.region<float>(1);
+           std::fill(out.begin(), out.end(), 0.f);
+           for (std::size_t k = 0; k < c.regions(0); ++k) {
+             auto r = c.region<const float>(0, k);
+             float* dst = out.data() + c.size_param(1 + k);
+             for (std::size_t i = 0; i < r.size(); ++i) dst[i] += r[i];
+           }
+           const float scale = static_cast<float>(c.param(0));
+           if (scale != 1.f)
+             for (float& o : out) o *= scale;
+         },
+         [](const Vertex& v, const ArchPreset& a) {
+           std::size_t n = 0;
+           for (const auto& t : v.fields[0]) n += t.elements();
+           return vector_cycles(a, n + v.fields[1][0].elements(), 1);
+         }});
+  r.add({"RandomMask",
+         "out[i] = u(seed, invocation, begin + i) >= p ? 1 / (1 - p) : 0 with a counter-based "
+         "generator; params: p, seed high and low 32 bits, piece begin",
+         {"out", "invocation"},
+         [](const VertexContext& c) {
+           auto out = c.region<float>(0);
+           const double p = c.param(0);
+           const std::uint64_t seed =
+               (static_cast<std::uint64_t>(c.size_param(1)) << 32) | c.size_param(2);
+           const std::uint64_t invocation = c.region<const std::uint32_t>(1)[0];
+           const std::uint64_t key = splitmix(seed ^ splitmix(invocation + 0x51ed27));
+           const std::uint64_t begin = c.size_param(3);
+           const float keep = static_cast<float>(1.0 / (1.0 - p));
+           for (std::size_t i = 0; i < out.size(); ++i) {
+             const double u = static_cast<double>(splitmix(key + begin + i) >> 11) * 0x1.0p-53;
+             out[i] = u >= p ? keep : 0.f;
+           }
+         },
+         [](const Vertex& v, const ArchPreset& a) { return out_field_cycles(v, a, 0, 4); }});
+  r.add({"IncrementCounter",
+         "counter += 1 (uint32)",
+         {"counter"},
+         [](const VertexContext& c) {
+           for (auto& x : c.region<std::uint32_t>(0)) ++x;
+         },
+         [](const Vertex& v, const ArchPreset& a) { return out_field_cycles(v, a, 0, 1); }});
+}
+
+namespace ops {
+namespace {
+
+constexpr std::size_t kMinElementsPerWorker = 64;
+constexpr std::size_t kNoAxis = std::numeric_limits<std::size_t>::max();
+
+std::vector<std::size_t> at_least_1d(std::vector<std::size_t> s) {
+  if (s.empty()) s = {1};
+  return s;
+}
+
+std::vector<Index> strides_of(const std::vector<std::size_t>& shape) {
+  std::vector<Index> s(shape.size(), 1);
+  for (std::size_t i = shape.size(); i-- > 1;) s[i - 1] = s[i] * static_cast<Index>(shape[i]);
+  return s;
+}
+
+std::string shape_str(const std::vector<std::size_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// How an operand is read from the output's coordinates: flat index = offset + coord . strides.
+struct Operand {
+  Tensor t;
+  std::vector<Index> strides;
+  Index offset = 0;
+};
+// Only output coordinates with begin <= coord[axis] < end are written.
+struct Window {
+  std::size_t axis = kNoAxis, begin = 0, end = 0;
+};
+
+// `t` read as if broadcast to out_shape (aligned right; stride 0 on broadcast axes).
+Operand broadcast_operand(const Tensor& t, const std::vector<std::size_t>& out_shape) {
+  const auto shape = t.shape();
+  const auto s = strides_of(shape);
+  Operand op{t, std::vector<Index>(out_shape.size(), 0), 0};
+  const std::size_t lead = out_shape.size() - shape.size();
+  for (std::size_t i = 0; i < shape.size(); ++i) op.strides[lead + i] = shape[i] == 1 ? 0 : s[i];
+  if (op.strides.empty()) op.strides = {0};
+  return op;
+}
+
+std::vector<std::size_t> coords_of(std::size_t flat, const std::vector<std::size_t>& shape) {
+  std::vector<std::size_t> c(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) c[d] = flat % shape[d], flat /= shape[d];
+  return c;
+}
+
+// The smallest and largest flat index of the operand read by output elements [b, e) (inside
+// the window), from the bounding box of their coordinates; nullopt if none is in the window.
+std::optional<std::pair<Index, Index>> touched(const std::vector<std::size_t>& shape,
+                                               const Operand& op, std::size_t b, std::size_t e,
+                                               const Window& w) {
+  const std::size_t rank = shape.size();
+  const auto cb = coords_of(b, shape), ce = coords_of(e - 1, shape);
+  std::vector<std::size_t> lo(rank), hi(rank);
+  bool varying = false;
+  for (std::size_t d = 0; d < rank; ++d) {
+    if (varying) {
+      lo[d] = 0, hi[d] = shape[d] - 1;
+    } else {
+      lo[d] = cb[d], hi[d] = ce[d];
+      varying = cb[d] != ce[d];
+    }
+  }
+  if (w.axis < rank) {
+    lo[w.axis] = std::max(lo[w.axis], w.begin);
+    hi[w.axis] = std::min(hi[w.axis], w.end - 1);
+    if (w.begin >= w.end || lo[w.axis] > hi[w.axis]) return std::nullopt;
+  }
+  Index first = op.offset, last = op.offset;
+  for (std::size_t d = 0; d < rank; ++d) {
+    first += static_cast<Index>(lo[d]) * op.strides[d];
+    last += static_cast<Index>(hi[d]) * op.strides[d];
+  }
+  return std::make_pair(first, last);
+}
+
+// A float32 output spread over the tiles in pieces of at least a worker's share.
+Tensor spread(Graph& graph, const std::vector<std::size_t>& shape, const std::string& name) {
+  Tensor out = graph.add_variable(DType::f32, shape, name);
+  graph.map_linearly(
+      out, std::min<std::size_t>(std::max<std::size_t>(out.elements(), 1), kMinElementsPerWorker));
+  return out;
+}
+
+// The slice [lo, hi] of t made available on `tile`: t itself where it already lives there,
+// else a temporary on the tile filled by an exchange appended to `copies`.
+Tensor on_tile(Graph& graph, const Tensor& t, Index lo, Index hi, unsigned tile,
+               std::vector<std::pair<Tensor, Tensor>>& copies, const std::string& name) {
+  const Tensor src =
+      t.flatten().slice(static_cast<std::size_t>(lo), static_cast<std::size_t>(hi) + 1);
+  const auto mapping = graph.tile_mapping(src);
+  if (std::all_of(mapping.begin(), mapping.end(),
+                  [&](const TileInterval& iv) { return iv.tile == tile; }))
+    return src;
+  Tensor local = graph.add_variable(t.dtype(), {src.elements()}, name + "@" + std::to_string(tile),
+                                    MemoryCategory::temporary);
+  graph.set_tile_mapping(local, tile);
+  copies.emplace_back(src, local);
+  return local;
+}
+
+// Adds MapAffine vertices computing `out` (or its window) from the operands to `cs`, one per
+// worker piece of out; the exchange bringing operand ranges onto the tiles goes to `copies`.
+void add_map_affine(Graph& graph, ComputeSetId cs, std::vector<std::pair<Tensor, Tensor>>& copies,
+                    MapOp op, float scale, const std::vector<Operand>& ins, const Tensor& out,
+                    const Window& window, const std::string& name) {
+  const auto shape = at_least_1d(out.shape());
+  struct Piece {
+    unsigned tile;
+    std::size_t b, e;
+    std::vector<std::pair<Index, Index>> ranges;
+  };
+  std::vector<Piece> pieces;
+  std::map<std::pair<unsigned, std::size_t>, std::pair<Index, Index>> spans;
+  for_each_worker_piece(graph, out, kMinElementsPerWorker,
+                        [&](unsigned tile, std::size_t b, std::size_t e) {
+                          Piece piece{tile, b, e, {}};
+                          for (std::size_t i = 0; i < ins.size(); ++i) {
+                            const auto r = touched(shape, ins[i], b, e, window);
+                            if (!r) return;
+                            piece.ranges.push_back(*r);
+                            auto [it, fresh] = spans.try_emplace({tile, i}, *r);
+                            if (!fresh)
+                              it->second = {std::min(it->second.first, r->first),
+                                            std::max(it->second.second, r->second)};
+                          }
+                          pieces.push_back(std::move(piece));
+                        });
+  std::map<std::pair<unsigned, std::size_t>, Tensor> local;
+  for (const auto& [key, span] : spans)
+    local.emplace(key, on_tile(graph, ins[key.second].t, span.first, span.second, key.first, copies,
+                               name + "/in" + std::to_string(key.second)));
+  const Tensor flat_out = out.flatten();
+  for (const auto& piece : pieces) {
+    Vertex v{"MapAffine", piece.tile, {}, {}};
+    v.params = {static_cast<double>(op),
+                scale,
+                static_cast<double>(ins.size()),
+                static_cast<double>(shape.size()),
+                static_cast<double>(piece.b),
+                static_cast<double>(window.axis < shape.size() ? window.axis : shape.size()),
+                static_cast<double>(window.begin),
+                static_cast<double>(window.end)};
+    for (std::size_t d : shape) v.params.push_back(static_cast<double>(d));
+    for (std::size_t i = 0; i < ins.size(); ++i) {
+      v.fields.push_back({local.at({piece.tile, i})});
+      v.params.push_back(static_cast<double>(ins[i].offset - spans.at({piece.tile, i}).first));
+      for (Index s : ins[i].strides) v.params.push_back(static_cast<double>(s));
+    }
+    v.fields.push_back({flat_out.slice(piece.b, piece.e)});
+    graph.add_vertex(cs, std::move(v));
+  }
+}
+
+// One compute set of MapAffine vertices, preceded by the exchange of its operands.
+void run_map_affine(Graph& graph, Program& prog, MapOp op, float scale,
+                    const std::vector<Operand>& ins, const Tensor& out, const Window& window,
+                    const std::string& name) {
+  std::vector<std::pair<Tensor, Tensor>> copies;
+  const ComputeSetId cs = graph.add_compute_set(name);
+  add_map_affine(graph, cs, copies, op, scale, ins, out, window, name);
+  if (!copies.empty()) prog.add(Program::copy(std::move(copies)));
+  prog.add(Program::execute(cs));
+}
+
+void check_f32(const Tensor& t, const std::string& name, const char* what) {
+  if (t.dtype() != DType::f32)
+    throw std::invalid_argument(name + ": " + what + " must be float32, got " +
+                                dtype_name(t.dtype()));
+}
+
+void check_axis(std::size_t axis, std::size_t rank, const std::string& name) {
+  if (axis >= rank)
+    throw std::invalid_argument(name + ": axis " + std::to_string(axis) +
+                                " out of range for rank " + std::to_string(rank));
+}
+
+}  // namespace
+
+Tensor unary(Graph& graph, Program& prog, UnaryOp op, const Tensor& x, float alpha,
+             const std::string& name) {
+  check_f32(x, name, "x");
+  Tensor out = clone_like(graph, x, name);
+  const ComputeSetId cs = graph.add_compute_set(name);
+  const Tensor xf = x.flatten(), of = out.flatten();
+  for_each_worker_piece(
+      graph, x, kMinElementsPerWorker, [&](unsigned tile, std::size_t b, std::size_t e) {
+        graph.add_vertex(cs, {"Unary",
+                              tile,
+                              {{xf.slice(b, e)}, {of.slice(b, e)}},
+                              {static_cast<double>(op), static_cast<double>(alpha)}});
+      });
+  prog.add(Program::execute(cs));
+  return out;
+}
+
+Tensor unary_grad(Graph& graph, Program& prog, UnaryOp op, const Tensor& dy, const Tensor& x,
+                  float alpha, const std::string& name) {
+  check_f32(x, name, "x");
+  if (dy.shape() != x.shape())
+    throw std::invalid_argument(name + ": dy " + shape_str(dy.shape()) + " and x " +
+                                shape_str(x.shape()) + " differ in shape");
+  Tensor dx = clone_like(graph, x, name);
+  const Tensor dy_local = rearrange_like(graph, prog, dy, x, name + "/dy").flatten();
+  const ComputeSetId cs = graph.add_compute_set(name);
+  const Tensor xf = x.flatten(), df = dx.flatten();
+  for_each_worker_piece(
+      graph, x, kMinElementsPerWorker, [&](unsigned tile, std::size_t b, std::size_t e) {
+        graph.add_vertex(cs, {"UnaryGrad",
+                              tile,
+                              {{dy_local.slice(b, e)}, {xf.slice(b, e)}, {df.slice(b, e)}},
+                              {static_cast<double>(op), static_cast<double>(alpha)}});
+      });
+  prog.add(Program::execute(cs));
+  return dx;
+}
+
+Tensor binary(Graph& graph, Program& prog, BinaryOp op, const Tensor& a, const Tensor& b,
+              const std::string& name) {
+  check_f32(a, name, "a");
+  check_f32(b, name, "b");
+  const auto& sa = a.shape();
+  const auto& sb = b.shape();
+  std::vector<std::size_t> shape(std::max(sa.size(), sb.size()), 1);
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    const std::size_t da = i < sa.size() ? sa[sa.size() - 1 - i] : 1;
+    const std::size_t db = i < sb.size() ? sb[sb.size() - 1 - i] : 1;
+    if (da != db && da != 1 && db != 1)
+      throw std::invalid_argument(name + ": shapes " + shape_str(sa) + " and " + shape_str(sb) +
+                                  " do not broadcast");
+    shape[shape.size() - 1 - i] = std::max(da, db);
+  }
+  Tensor out = a.shape() == shape   ? clone_like(graph, a, name)
+               : b.shape() == shape ? clone_like(graph, b, name)
+                                    : spread(graph, shape, name);
+  const auto full = at_least_1d(shape);
+  const MapOp map_op = op == BinaryOp::add   ? kAdd
+                       : op == BinaryOp::sub ? kSub
+                       : op == BinaryOp::mul ? kMul
+                                             : kDiv;
+  run_map_affine(graph, prog, map_op, 1.f, {broadcast_operand(a, full), broadcast_operand(b, full)},
+                 out, {}, name);
+  return out;
+}
+
+Tensor broadcast_to(Graph& graph, Program& prog, const Tensor& x,
+                    const std::vector<std::size_t>& shape, float scale, const std::string& name) {
+  check_f32(x, name, "x");
+  if (x.rank() > shape.size())
+    throw std::invalid_argument(name + ": cannot broadcast " + shape_str(x.shape()) + " to " +
+                                shape_str(shape));
+  for (std::size_t i = 0; i < x.rank(); ++i) {
+    const std::size_t d = x.dim(x.rank() - 1 - i), t = shape[shape.size() - 1 - i];
+    if (d != t && d != 1)
+      throw std::invalid_argument(name + ": cannot broadcast " + shape_str(x.shape()) + " to " +
+                                  shape_str(shape));
+  }
+  Tensor out = spread(graph, shape, name);
+  run_map_affine(graph, prog, kCopyScaled, scale, {broadcast_operand(x, at_least_1d(shape))}, out,
+                 {}, name);
+  return out;
+}
+
+Tensor reduce_sum(Graph& graph, Program& prog, const Tensor& x,
+                  const std::vector<std::size_t>& axes, bool keepdims, float scale,
+                  const std::string& name) {
+  check_f32(x, name, "x");
+  const auto in = at_least_1d(x.shape());
+  std::vector<bool> reduced(in.size(), false);
+  for (std::size_t ax : axes) {
+    check_axis(ax, x.rank(), name);
+    reduced[ax] = true;
+  }
+  std::vector<std::size_t> kept_shape, out_shape;
+  for (std::size_t d = 0; d < in.size(); ++d) {
+    kept_shape.push_back(reduced[d] ? 1 : in[d]);
+    if (!reduced[d] || keepdims) out_shape.push_back(reduced[d] ? 1 : in[d]);
+  }
+  if (x.rank() == 0) out_shape.clear();
+  // Output strides seen from x's coordinates (0 on reduced axes).
+  const auto ks = strides_of(kept_shape);
+  Operand out_of_x{Tensor(), std::vector<Index>(in.size(), 0), 0};
+  for (std::size_t d = 0; d < in.size(); ++d) out_of_x.strides[d] = reduced[d] ? 0 : ks[d];
+
+  // Stage 1: each worker reduces its piece of x into a partial covering the outputs it touches.
+  struct Partial {
+    Tensor t;
+    Index lo, hi;
+  };
+  std::vector<Partial> partials;
+  const ComputeSetId stage1 = graph.add_compute_set(name + "/partials");
+  const Tensor xf = x.flatten();
+  for_each_worker_piece(
+      graph, x, kMinElementsPerWorker, [&](unsigned tile, std::size_t b, std::size_t e) {
+        const auto [lo, hi] = *touched(in, out_of_x, b, e, {});
+        Tensor p = graph.add_variable(DType::f32, {static_cast<std::size_t>(hi - lo + 1)},
+                                      name + "/partial" + std::to_string(partials.size()),
+                                      MemoryCategory::temporary);
+        graph.set_tile_mapping(p, tile);
+        Vertex v{"ReducePartial", tile, {{xf.slice(b, e)}, {p}}, {}};
+        v.params = {static_cast<double>(in.size()), static_cast<double>(b),
+                    static_cast<double>(lo)};
+        for (std::size_t d : in) v.params.push_back(static_cast<double>(d));
+        for (Index s : out_of_x.strides) v.params.push_back(static_cast<double>(s));
+        graph.add_vertex(stage1, std::move(v));
+        partials.push_back({p, lo, hi});
+      });
+  prog.add(Program::execute(stage1));
+
+  // Stage 2: each output piece gathers the overlapping parts of every partial and sums them.
+  Tensor out = spread(graph, out_shape, name);
+  const Tensor of = out.flatten();
+  const ComputeSetId stage2 = graph.add_compute_set(name + "/sum");
+  std::vector<std::pair<Tensor, Tensor>> copies;
+  for_each_worker_piece(
+      graph, out, kMinElementsPerWorker, [&](unsigned tile, std::size_t b, std::size_t e) {
+        std::vector<std::pair<const Partial*, std::pair<Index, Index>>>
+            parts;  // overlap [from, to)
+        std::size_t total = 0;
+        for (const auto& p : partials) {
+          const Index from = std::max<Index>(p.lo, static_cast<Index>(b));
+          const Index to = std::min<Index>(p.hi + 1, static_cast<Index>(e));
+          if (from >= to) continue;
+          parts.push_back({&p, {from, to}});
+          total += static_cast<std::size_t>(to - from);
+        }
+        Vertex v{"SumRegions", tile, {{}, {of.slice(b, e)}}, {static_cast<double>(scale)}};
+        if (total > 0) {
+          Tensor gathered = graph.add_variable(
+              DType::f32, {total},
+              name + "/gathered@" + std::to_string(tile) + "." + std::to_string(b),
+              MemoryCategory::temporary);
+          graph.set_tile_mapping(gathered, tile);
+          std::size_t at = 0;
+          for (const auto& [p, range] : parts) {
+            const std::size_t n = static_cast<std::size_t>(range.second - range.first);
+            const std::size_t src = static_cast<std::size_t>(range.first - p->lo);
+            copies.emplace_back(p->t.slice(src, src + n), gathered.slice(at, at + n));
+            v.fields[0].push_back(gathered.slice(at, at + n));
+            v.params.push_back(static_cast<double>(range.first - static_cast<Index>(b)));
+            at += n;
+          }
+        }
+        graph.add_vertex(stage2, std::move(v));
+      });
+  if (!copies.empty()) prog.add(Program::copy(std::move(copies)));
+  prog.add(Program::execute(stage2));
+  return out;
+}
+
+Tensor permute(Graph& graph, Program& prog, const Tensor& x, const std::vector<std::size_t>& perm,
+               const std::string& name) {
+  check_f32(x, name, "x");
+  if (perm.size() != x.rank())
+    throw std::invalid_argument(name + ": permutation of " + std::to_string(perm.size()) +
+                                " axes for a tensor of rank " + std::to_string(x.rank()));
+  std::vector<bool> seen(perm.size(), false);
+  const auto xs = strides_of(x.shape());
+  std::vector<std::size_t> shape;
+  Operand op{x, {}, 0};
+  for (std::size_t p : perm) {
+    check_axis(p, x.rank(), name);
+    if (seen[p])
+      throw std::invalid_argument(name + ": axis " + std::to_string(p) +
+                                  " repeated in the permutation");
+    seen[p] = true;
+    shape.push_back(x.dim(p));
+    op.strides.push_back(xs[p]);
+  }
+  if (op.strides.empty()) op.strides = {1};
+  Tensor out = spread(graph, shape, name);
+  run_map_affine(graph, prog, kCopyScaled, 1.f, {op}, out, {}, name);
+  return out;
+}
+
+Tensor slice(Graph& graph, Program& prog, const Tensor& x, std::size_t axis, std::size_t begin,
+             std::size_t end, const std::string& name) {
+  check_f32(x, name, "x");
+  check_axis(axis, x.rank(), name);
+  if (begin >= end || end > x.dim(axis))
+    throw std::invalid_argument(name + ": slice [" + std::to_string(begin) + ", " +
+                                std::to_string(end) + ") of an axis of " +
+                                std::to_string(x.dim(axis)));
+  auto shape = x.shape();
+  shape[axis] = end - begin;
+  Operand op{x, strides_of(x.shape()), 0};
+  op.offset = static_cast<Index>(begin) * op.strides[axis];
+  Tensor out = spread(graph, shape, name);
+  run_map_affine(graph, prog, kCopyScaled, 1.f, {op}, out, {}, name);
+  return out;
+}
+
+Tensor slice_grad(Graph& graph, Program& prog, const Tensor& dy,
+                  const std::vector<std::size_t>& input_shape, std::size_t axis, std::size_t begin,
+                  std::size_t end, const std::string& name) {
+  check_f32(dy, name, "dy");
+  check_axis(axis, input_shape.size(), name);
+  auto expected = input_shape;
+  expected[axis] = end - begin;
+  if (begin >= end || end > input_shape[axis] || dy.shape() != expected)
+    throw std::invalid_argument(name + ": dy " + shape_str(dy.shape()) + " does not fill [" +
+                                std::to_string(begin) + ", " + std::to_string(end) + ") of " +
+                                shape_str(input_shape) + " along axis " + std::to_string(axis));
+  Tensor out = spread(graph, input_shape, name);
+  zero(graph, prog, out, name + "/zero");
+  Operand op{dy, strides_of(dy.shape()), 0};
+  op.offset = -static_cast<Index>(begin) * op.strides[axis];
+  run_map_affine(graph, prog, kCopyScaled, 1.f, {op}, out, {axis, begin, end}, name);
+  return out;
+}
+
+Tensor concat(Graph& graph, Program& prog, const std::vector<Tensor>& xs, std::size_t axis,
+              const std::string& name) {
+  if (xs.empty()) throw std::invalid_argument(name + ": concat of no tensors");
+  check_axis(axis, xs[0].rank(), name);
+  auto shape = xs[0].shape();
+  shape[axis] = 0;
+  for (const auto& x : xs) {
+    check_f32(x, name, "every input");
+    auto s = x.shape(), want = xs[0].shape();
+    if (s.size() == want.size()) s[axis] = want[axis] = 0;
+    if (s != want)
+      throw std::invalid_argument(name + ": cannot concatenate " + shape_str(x.shape()) + " with " +
+                                  shape_str(xs[0].shape()) + " along axis " + std::to_string(axis));
+    shape[axis] += x.dim(axis);
+  }
+  Tensor out = spread(graph, shape, name);
+  std::vector<std::pair<Tensor, Tensor>> copies;
+  const ComputeSetId cs = graph.add_compute_set(name);
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    Operand op{xs[i], strides_of(xs[i].shape()), 0};
+    op.offset = -static_cast<Index>(at) * op.strides[axis];
+    const std::size_t len = xs[i].dim(axis);
+    add_map_affine(graph, cs, copies, kCopyScaled, 1.f, {op}, out, {axis, at, at + len},
+                   name + "/" + std::to_string(i));
+    at += len;
+  }
+  if (!copies.empty()) prog.add(Program::copy(std::move(copies)));
+  prog.add(Program::execute(cs));
+  return out;
+}
+
+Tensor random_mask(Graph& graph, Program& prog, const std::vector<std::size_t>& shape, double p,
+                   std::uint64_t seed, const std::string& name) {
+  if (!(p >= 0 && p < 1))
+    throw std::invalid_argument(name + ": drop probability must be in [0, 1), got " +
+                                std::to_string(p));
+  Tensor out = spread(graph, shape, name);
+  const auto mapping = graph.tile_mapping(out);
+  std::vector<unsigned> tiles;
+  for (const auto& iv : mapping)
+    if (tiles.empty() || tiles.back() != iv.tile) tiles.push_back(iv.tile);
+  // One invocation counter per tile, like each tile's own PRNG state.
+  Tensor counters = graph.add_variable(DType::u32, {tiles.size()}, name + "/invocations",
+                                       MemoryCategory::optimizer_state);
+  std::map<unsigned, Tensor> counter_of;
+  for (std::size_t i = 0; i < tiles.size(); ++i) {
+    graph.set_tile_mapping(counters.slice(i, i + 1), tiles[i]);
+    counter_of.emplace(tiles[i], counters.slice(i, i + 1));
+  }
+  const ComputeSetId draw = graph.add_compute_set(name);
+  const Tensor of = out.flatten();
+  for_each_worker_piece(
+      graph, out, kMinElementsPerWorker, [&](unsigned tile, std::size_t b, std::size_t e) {
+        graph.add_vertex(draw, {"RandomMask",
+                                tile,
+                                {{of.slice(b, e)}, {counter_of.at(tile)}},
+                                {p, static_cast<double>(seed >> 32),
+                                 static_cast<double>(seed & 0xffffffffu), static_cast<double>(b)}});
+      });
+  const ComputeSetId bump = graph.add_compute_set(name + "/next");
+  for (const auto& [tile, counter] : counter_of)
+    graph.add_vertex(bump, {"IncrementCounter", tile, {{counter}}, {}});
+  prog.add(Program::execute(draw));
+  prog.add(Program::execute(bump));
+  return out;
+}
+
+}  // namespace ops
+}  // namespace ipupod::ipu
