@@ -1,78 +1,295 @@
-// Matrix multiply: planner, lowering and the MatMulBlock codelet.
+// Matrix multiply: the host kernel behind the MatMulBlock codelet, the planner (output blocks
+// and inner-dimension splits over tiles) and the lowering (exchange, partial products,
+// reduction of partial sums).
 #include "ipu_process/ops/matmul.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <vector>
 
 #include "ipu_process/codelets.hpp"
 
+// The kernel is built for several host instruction sets and the best one is chosen when the
+// program loads (GCC/Clang function multiversioning), so one binary is fast on every x86-64.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define IPUPOD_MATMUL_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define IPUPOD_MATMUL_CLONES
+#endif
+
 namespace ipupod::ipu {
+namespace ops {
+namespace {
+
+// Host-side blocking of the kernel (how the emulator computes fast, not a hardware figure):
+// a register tile of kTileRows rows x kTileVectors vectors of kLanes floats, and passes over
+// kDepthBlock steps of the inner dimension so that a kDepthBlock x 32 panel of b stays in
+// the host's level-1 cache while the rows stream past it.
+constexpr std::size_t kLanes = 16;
+constexpr std::size_t kTileRows = 6;
+constexpr std::size_t kTileVectors = 2;
+constexpr std::size_t kTileColumns = kLanes * kTileVectors;
+constexpr std::size_t kDepthBlock = 256;
+
+// A host vector of kLanes floats; narrower hosts split it into several registers.
+typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
+
+// acc[i][v] += a(i, p) * b(p, v-th vector) for p in [0, depth), in increasing p: every output
+// element sees its terms in the same order as the plain loop. tile holds rows x kTileColumns
+// floats (the running sums) on entry and on exit.
+template <std::size_t Rows, std::size_t Vectors>
+[[gnu::always_inline]] inline void register_tile(const float* a, std::size_t a_row_stride,
+                                                 std::size_t a_depth_stride, const float* b,
+                                                 std::size_t b_row_stride, std::size_t depth,
+                                                 float* tile) {
+  Lanes acc[Rows][Vectors];
+#pragma GCC unroll 8
+  for (std::size_t i = 0; i < Rows; ++i)
+#pragma GCC unroll 4
+    for (std::size_t v = 0; v < Vectors; ++v)
+      std::memcpy(&acc[i][v], tile + i * kTileColumns + v * kLanes, sizeof(Lanes));
+  for (std::size_t p = 0; p < depth; ++p) {
+    Lanes bv[Vectors];
+#pragma GCC unroll 4
+    for (std::size_t v = 0; v < Vectors; ++v)
+      std::memcpy(&bv[v], b + p * b_row_stride + v * kLanes, sizeof(Lanes));
+#pragma GCC unroll 8
+    for (std::size_t i = 0; i < Rows; ++i) {
+      const float av = a[i * a_row_stride + p * a_depth_stride];
+#pragma GCC unroll 4
+      for (std::size_t v = 0; v < Vectors; ++v) acc[i][v] += av * bv[v];
+    }
+  }
+#pragma GCC unroll 8
+  for (std::size_t i = 0; i < Rows; ++i)
+#pragma GCC unroll 4
+    for (std::size_t v = 0; v < Vectors; ++v)
+      std::memcpy(tile + i * kTileColumns + v * kLanes, &acc[i][v], sizeof(Lanes));
+}
+
+template <std::size_t Vectors>
+[[gnu::always_inline]] inline void register_tile_rows(std::size_t rows, const float* a,
+                                                      std::size_t ars, std::size_t ads,
+                                                      const float* b, std::size_t brs,
+                                                      std::size_t depth, float* tile) {
+  static_assert(kTileRows == 6, "one case per row count of a register tile");
+  switch (rows) {
+    case 1:
+      return register_tile<1, Vectors>(a, ars, ads, b, brs, depth, tile);
+    case 2:
+      return register_tile<2, Vectors>(a, ars, ads, b, brs, depth, tile);
+    case 3:
+      return register_tile<3, Vectors>(a, ars, ads, b, brs, depth, tile);
+    case 4:
+      return register_tile<4, Vectors>(a, ars, ads, b, brs, depth, tile);
+    case 5:
+      return register_tile<5, Vectors>(a, ars, ads, b, brs, depth, tile);
+    default:
+      return register_tile<6, Vectors>(a, ars, ads, b, brs, depth, tile);
+  }
+}
+
+IPUPOD_MATMUL_CLONES
+void block_rows_kernel(const float* a, const float* b, float* const* c, std::size_t bm,
+                       std::size_t k, std::size_t n, bool ta, bool tb, std::size_t r0,
+                       std::size_t rows) {
+  // a(i, p) of this vertex's rows, wherever the operand's layout puts it.
+  const std::size_t a_row_stride = ta ? 1 : k, a_depth_stride = ta ? bm : 1;
+  const float* a_rows = a + r0 * a_row_stride;
+  thread_local std::vector<float> panel;  // b columns re-laid out [depth, kTileColumns]
+  alignas(64) float tile[kTileRows * kTileColumns];
+  for (std::size_t j0 = 0; j0 < n; j0 += kTileColumns) {
+    const std::size_t width = std::min(kTileColumns, n - j0);
+    const std::size_t vectors = width > kLanes ? 2 : 1;
+    for (std::size_t p0 = 0; p0 < k; p0 += kDepthBlock) {
+      const std::size_t depth = std::min(kDepthBlock, k - p0);
+      const float* bp = b + p0 * n + j0;
+      std::size_t b_row_stride = n;
+      // Transposed b, and the last columns when they do not fill the register tile, are
+      // first copied into a zero-padded panel of the layout the register tile reads.
+      if (tb || width != vectors * kLanes) {
+        panel.assign(depth * kTileColumns, 0.f);
+        if (tb)
+          for (std::size_t j = 0; j < width; ++j)
+            for (std::size_t p = 0; p < depth; ++p)
+              panel[p * kTileColumns + j] = b[(j0 + j) * k + p0 + p];
+        else
+          for (std::size_t p = 0; p < depth; ++p)
+            std::memcpy(&panel[p * kTileColumns], b + (p0 + p) * n + j0, width * sizeof(float));
+        bp = panel.data();
+        b_row_stride = kTileColumns;
+      }
+      for (std::size_t i0 = 0; i0 < rows; i0 += kTileRows) {
+        const std::size_t tile_rows = std::min(kTileRows, rows - i0);
+        // The running sums pass through `tile` between depth blocks: stored and reloaded as
+        // float32, so blocking does not change any result.
+        for (std::size_t i = 0; i < tile_rows; ++i) {
+          if (p0 == 0)
+            std::fill_n(tile + i * kTileColumns, kTileColumns, 0.f);
+          else
+            std::memcpy(tile + i * kTileColumns, c[i0 + i] + j0, width * sizeof(float));
+        }
+        const float* ap = a_rows + i0 * a_row_stride + p0 * a_depth_stride;
+        if (vectors == 2)
+          register_tile_rows<2>(tile_rows, ap, a_row_stride, a_depth_stride, bp, b_row_stride,
+                                depth, tile);
+        else
+          register_tile_rows<1>(tile_rows, ap, a_row_stride, a_depth_stride, bp, b_row_stride,
+                                depth, tile);
+        for (std::size_t i = 0; i < tile_rows; ++i)
+          std::memcpy(c[i0 + i] + j0, tile + i * kTileColumns, width * sizeof(float));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void matmul_block_rows(const float* a, const float* b, float* const* c, std::size_t bm,
+                       std::size_t k, std::size_t n, bool transpose_a, bool transpose_b,
+                       std::size_t r0, std::size_t rows) {
+  if (k == 0) {
+    for (std::size_t i = 0; i < rows; ++i) std::fill_n(c[i], n, 0.f);
+    return;
+  }
+  block_rows_kernel(a, b, c, bm, k, n, transpose_a, transpose_b, r0, rows);
+}
+
+}  // namespace ops
 
 void register_matmul_codelets(CodeletRegistry& r) {
   r.add({"MatMulBlock",
-         "rows [r0, r0 + rows(c)) of a tile's output block: c[i] = op(a)[i,:] x op(b); "
-         "params: block rows bm, depth k, block columns bn, a transposed, b transposed, r0",
+         "rows [r0, r0 + regions(c)) of a tile's output block: c[i] = op(a)[r0 + i, :] x op(b); "
+         "params: block rows bm, depth k, block columns bn, a transposed, b transposed, r0. "
+         "Each element is a float32 sum over p = 0..k-1 in increasing order, starting from 0 "
+         "(one fused multiply-add per term on hosts with FMA, a multiply then an add otherwise)",
          {"a", "b", "c"},
          [](const VertexContext& c) {
            auto a = c.region<const float>(0);
            auto b = c.region<const float>(1);
            const std::size_t bm = c.size_param(0), k = c.size_param(1), bn = c.size_param(2);
-           const bool ta = c.param(3) != 0, tb = c.param(4) != 0;
-           const std::size_t r0 = c.size_param(5);
-           for (std::size_t i = 0; i < c.regions(2); ++i) {
-             auto out = c.region<float>(2, i);
-             std::fill(out.begin(), out.end(), 0.f);
-             const std::size_t row = r0 + i;
-             for (std::size_t p = 0; p < k; ++p) {
-               const float av = ta ? a[p * bm + row] : a[row * k + p];
-               if (tb)
-                 for (std::size_t j = 0; j < bn; ++j) out[j] += av * b[j * k + p];
-               else
-                 for (std::size_t j = 0; j < bn; ++j) out[j] += av * b[p * bn + j];
-             }
-           }
+           const std::size_t rows = c.regions(2);
+           thread_local std::vector<float*> out;
+           out.resize(rows);
+           for (std::size_t i = 0; i < rows; ++i) out[i] = c.region<float>(2, i).data();
+           ops::matmul_block_rows(a.data(), b.data(), out.data(), bm, k, bn, c.param(3) != 0,
+                                  c.param(4) != 0, c.size_param(5), rows);
          },
          [](const Vertex& v, const ArchPreset& a) {
            const double rows = static_cast<double>(v.fields[2].size());
            return amp_cycles(a, 2.0 * rows * v.params[1] * v.params[2]);
          }});
+  r.add({"MatMulReduce",
+         "out = partials[0] + partials[1] + ... (float32, added in region order) for the "
+         "partial sums of a matmul whose inner dimension is split over tiles; every partials "
+         "region has as many elements as all out regions together",
+         {"partials", "out"},
+         [](const VertexContext& c) {
+           const std::size_t parts = c.regions(0);
+           std::size_t done = 0;
+           for (std::size_t o = 0; o < c.regions(1); ++o) {
+             auto out = c.region<float>(1, o);
+             const float* first = c.region<const float>(0, 0).data() + done;
+             std::copy(first, first + out.size(), out.begin());
+             for (std::size_t g = 1; g < parts; ++g) {
+               const float* part = c.region<const float>(0, g).data() + done;
+               for (std::size_t j = 0; j < out.size(); ++j) out[j] += part[j];
+             }
+             done += out.size();
+           }
+         },
+         [](const Vertex& v, const ArchPreset& a) {
+           // Per vector of output: one load-and-add per partial, then a store.
+           return vector_cycles(a, v.fields[0].at(0).elements(), v.fields[0].size());
+         }});
 }
 
 namespace ops {
+namespace {
+
+std::size_t ceil_div(std::size_t a, std::size_t b) {
+  return (a + b - 1) / b;
+}
+
+struct PlanCost {
+  double cycles = 0;
+  double bytes = 0;  // busiest tile
+};
+
+// The cycles and bytes of one candidate, with the same estimators the codelets and the engine
+// use: AMP cycles of the busiest worker, exchange bytes into the busiest tile, a sync per step.
+PlanCost plan_cost(const ArchPreset& arch, std::size_t bm, std::size_t bk, std::size_t bn,
+                   std::size_t splits) {
+  const double workers = arch.workers_per_tile;
+  const double rows_per_worker = std::ceil(static_cast<double>(bm) / workers);
+  const double per_worker_flops = arch.fp32_flops_per_cycle_per_tile / workers;
+  const double exchange_rate = arch.exchange_bytes_per_cycle_per_tile;
+  const double sync = static_cast<double>(arch.sync_cycles_internal);
+  const double latency = static_cast<double>(arch.exchange_latency_cycles);
+  PlanCost c;
+  const double operand_bytes = 4.0 * static_cast<double>(bm * bk + bk * bn);
+  c.cycles = latency + operand_bytes / exchange_rate + sync;  // operands in
+  c.cycles += arch.vertex_overhead_cycles +
+              std::ceil(2.0 * rows_per_worker * bk * bn / per_worker_flops) + sync;
+  c.bytes = operand_bytes + 4.0 * static_cast<double>(bm * bn);
+  if (splits > 1) {
+    // Each of the block's tiles adds up 1/splits of it: the other partials come in, the sum
+    // of the share is written in place of the output.
+    const double share = std::ceil(static_cast<double>(bm * bn) / splits);
+    const double per_worker = std::ceil(share / workers);
+    c.cycles += latency + 4.0 * (splits - 1) * share / exchange_rate + sync;
+    c.cycles += arch.vertex_overhead_cycles +
+                std::ceil(per_worker / arch.fp32_vector_width) * splits * workers + sync;
+    c.bytes += 4.0 * static_cast<double>(splits) * share;
+  }
+  return c;
+}
+
+}  // namespace
 
 MatMulPlan plan_matmul(const ArchPreset& arch, std::size_t m, std::size_t k, std::size_t n) {
-  // Minimise compute + exchange on the busiest tile, under a per-tile memory budget.
+  if (m == 0 || k == 0 || n == 0)
+    throw std::invalid_argument(
+        "plan_matmul: every dimension must be positive, got m=" + std::to_string(m) +
+        " k=" + std::to_string(k) + " n=" + std::to_string(n));
   const double budget = kAvailableMemoryProportion * static_cast<double>(arch.bytes_per_tile);
   MatMulPlan best;
-  double best_cost = std::numeric_limits<double>::infinity();
-  double best_bytes = std::numeric_limits<double>::infinity();
+  PlanCost best_cost{std::numeric_limits<double>::infinity(),
+                     std::numeric_limits<double>::infinity()};
+  const auto consider = [&](std::size_t bm, std::size_t bk, std::size_t bn) {
+    const std::size_t gm = ceil_div(m, bm), gk = ceil_div(k, bk), gn = ceil_div(n, bn);
+    const PlanCost c = plan_cost(arch, bm, bk, bn, gk);
+    const bool fits = c.bytes <= budget, best_fits = best_cost.bytes <= budget;
+    if ((fits && (!best_fits || c.cycles < best_cost.cycles)) ||
+        (!fits && !best_fits && c.bytes < best_cost.bytes)) {
+      best = {gm, gn, gk, static_cast<std::uint64_t>(c.cycles), static_cast<std::size_t>(c.bytes)};
+      best_cost = c;
+    }
+  };
+  // Every distinct block size of each dimension (block counts that give the same block size
+  // are the same plan), the output's blocks first, then the inner dimension's splits.
   std::size_t last_bm = 0;
   for (std::size_t gm = 1; gm <= std::min<std::size_t>(m, arch.tiles); ++gm) {
-    const std::size_t bm = (m + gm - 1) / gm;
+    const std::size_t bm = ceil_div(m, gm);
     if (bm == last_bm) continue;
     last_bm = bm;
-    const std::size_t gm_used = (m + bm - 1) / bm;
+    const std::size_t gm_used = ceil_div(m, bm);
     std::size_t last_bn = 0;
     for (std::size_t gn = 1; gn <= std::min<std::size_t>(n, arch.tiles / gm_used); ++gn) {
-      const std::size_t bn = (n + gn - 1) / gn;
+      const std::size_t bn = ceil_div(n, gn);
       if (bn == last_bn) continue;
       last_bn = bn;
-      const double bytes = 4.0 * static_cast<double>(bm * k + k * bn + bm * bn);
-      const double rows_per_worker = std::ceil(static_cast<double>(bm) / arch.workers_per_tile);
-      const double compute =
-          rows_per_worker * (arch.vertex_overhead_cycles + 2.0 * k * bn * arch.workers_per_tile /
-                                                               arch.fp32_flops_per_cycle_per_tile);
-      const double exchange =
-          4.0 * static_cast<double>(bm * k + k * bn) / arch.exchange_bytes_per_cycle_per_tile;
-      const double cost = compute + exchange;
-      const bool fits = bytes <= budget, best_fits = best_bytes <= budget;
-      if ((fits && (!best_fits || cost < best_cost)) ||
-          (!fits && !best_fits && bytes < best_bytes)) {
-        best = {gm_used, (n + bn - 1) / bn, static_cast<std::uint64_t>(cost)};
-        best_cost = cost;
-        best_bytes = bytes;
+      const std::size_t blocks = gm_used * ceil_div(n, bn);
+      std::size_t last_bk = 0;
+      for (std::size_t gk = 1; gk <= std::min<std::size_t>(k, arch.tiles / blocks); ++gk) {
+        const std::size_t bk = ceil_div(k, gk);
+        if (bk == last_bk) continue;
+        last_bk = bk;
+        consider(bm, bk, bn);
       }
     }
   }
@@ -84,60 +301,140 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
   if (a.rank() != 2 || b.rank() != 2)
     throw std::invalid_argument(name + ": matmul expects rank-2 operands, got ranks " +
                                 std::to_string(a.rank()) + " and " + std::to_string(b.rank()));
+  if (a.dtype() != DType::f32 || b.dtype() != DType::f32)
+    throw std::invalid_argument(name + ": matmul expects float32 operands, got " +
+                                dtype_name(a.dtype()) + " and " + dtype_name(b.dtype()) +
+                                "; cast them to float32 first");
   const std::size_t m = ta ? a.dim(1) : a.dim(0), k = ta ? a.dim(0) : a.dim(1);
   const std::size_t kb = tb ? b.dim(1) : b.dim(0), n = tb ? b.dim(0) : b.dim(1);
   if (k != kb)
     throw std::invalid_argument(name + ": inner dimensions differ: op(a) is [" + std::to_string(m) +
                                 "," + std::to_string(k) + "], op(b) is [" + std::to_string(kb) +
                                 "," + std::to_string(n) + "]");
+  if (m == 0 || k == 0 || n == 0)
+    throw std::invalid_argument(name + ": matmul of an empty operand: op(a) is [" +
+                                std::to_string(m) + "," + std::to_string(k) + "], op(b) is [" +
+                                std::to_string(kb) + "," + std::to_string(n) + "]");
   const MatMulPlan plan = plan_matmul(graph.arch(), m, k, n);
-  const std::size_t bm = (m + plan.row_blocks - 1) / plan.row_blocks;
-  const std::size_t bn = (n + plan.col_blocks - 1) / plan.col_blocks;
+  const std::size_t bm = ceil_div(m, plan.row_blocks), bn = ceil_div(n, plan.col_blocks);
+  const std::size_t bk = ceil_div(k, plan.k_splits);
+  const bool split = plan.k_splits > 1;
   Tensor c = graph.add_variable(DType::f32, {m, n}, name);
-  std::vector<std::pair<Tensor, Tensor>> copies;
+  std::vector<std::pair<Tensor, Tensor>> copies, reduce_copies;
   ComputeSetId cs = graph.add_compute_set(name);
+  const ComputeSetId reduce_cs = split ? graph.add_compute_set(name + "/reduce") : cs;
   const std::size_t workers = graph.arch().workers_per_tile;
   unsigned tile = 0;
   for (std::size_t r0 = 0; r0 < m; r0 += bm) {
     const std::size_t r1 = std::min(m, r0 + bm), rows = r1 - r0;
-    for (std::size_t c0 = 0; c0 < n; c0 += bn, ++tile) {
+    for (std::size_t c0 = 0; c0 < n; c0 += bn) {
       const std::size_t c1 = std::min(n, c0 + bn), cols = c1 - c0;
-      const std::string at = "@" + std::to_string(tile);
-      // Operand pieces this block needs, gathered onto its tile by the exchange.
-      Tensor a_local =
-          graph.add_variable(DType::f32, ta ? std::vector{k, rows} : std::vector{rows, k},
-                             name + "/a" + at, MemoryCategory::temporary);
-      Tensor b_local =
-          graph.add_variable(DType::f32, tb ? std::vector{cols, k} : std::vector{k, cols},
-                             name + "/b" + at, MemoryCategory::temporary);
-      graph.set_tile_mapping(a_local, tile);
-      graph.set_tile_mapping(b_local, tile);
-      if (ta)
-        for (std::size_t p = 0; p < k; ++p)
-          copies.emplace_back(a.row(p).slice(r0, r1), a_local.row(p));
-      else
-        copies.emplace_back(a.rows(r0, r1).flatten(), a_local.flatten());
-      if (tb)
-        copies.emplace_back(b.rows(c0, c1).flatten(), b_local.flatten());
-      else
-        for (std::size_t p = 0; p < k; ++p)
-          copies.emplace_back(b.row(p).slice(c0, c1), b_local.row(p));
-      for (std::size_t r = r0; r < r1; ++r) graph.set_tile_mapping(c.row(r).slice(c0, c1), tile);
-      // Rows of the block shared out between the tile's workers.
-      const std::size_t per_worker = (rows + workers - 1) / workers;
-      for (std::size_t w0 = 0; w0 < rows; w0 += per_worker) {
-        const std::size_t w1 = std::min(rows, w0 + per_worker);
-        Vertex v{"MatMulBlock",
-                 tile,
-                 {{a_local}, {b_local}, {}},
-                 {double(rows), double(k), double(cols), double(ta), double(tb), double(w0)}};
-        for (std::size_t r = w0; r < w1; ++r) v.fields[2].push_back(c.row(r0 + r).slice(c0, c1));
-        graph.add_vertex(cs, std::move(v));
+      std::vector<Tensor> partials;  // of this block, one per piece of k (when split)
+      std::vector<unsigned> partial_tiles;
+      for (std::size_t k0 = 0; k0 < k; k0 += bk, ++tile) {
+        const std::size_t k1 = std::min(k, k0 + bk), depth = k1 - k0;
+        const std::string at = "@" + std::to_string(tile);
+        // Operand pieces this block needs, gathered onto its tile by the exchange.
+        Tensor a_local =
+            graph.add_variable(DType::f32, ta ? std::vector{depth, rows} : std::vector{rows, depth},
+                               name + "/a" + at, MemoryCategory::temporary);
+        Tensor b_local =
+            graph.add_variable(DType::f32, tb ? std::vector{cols, depth} : std::vector{depth, cols},
+                               name + "/b" + at, MemoryCategory::temporary);
+        graph.set_tile_mapping(a_local, tile);
+        graph.set_tile_mapping(b_local, tile);
+        if (ta)
+          for (std::size_t p = k0; p < k1; ++p)
+            copies.emplace_back(a.row(p).slice(r0, r1), a_local.row(p - k0));
+        else if (depth == k)
+          copies.emplace_back(a.rows(r0, r1).flatten(), a_local.flatten());
+        else
+          for (std::size_t r = r0; r < r1; ++r)
+            copies.emplace_back(a.row(r).slice(k0, k1), a_local.row(r - r0));
+        if (tb && depth == k)
+          copies.emplace_back(b.rows(c0, c1).flatten(), b_local.flatten());
+        else if (tb)
+          for (std::size_t j = c0; j < c1; ++j)
+            copies.emplace_back(b.row(j).slice(k0, k1), b_local.row(j - c0));
+        else
+          for (std::size_t p = k0; p < k1; ++p)
+            copies.emplace_back(b.row(p).slice(c0, c1), b_local.row(p - k0));
+        // The block's result, or its partial sums over this piece of k.
+        Tensor out;
+        if (split) {
+          out = graph.add_variable(DType::f32, {rows, cols}, name + "/partial" + at,
+                                   MemoryCategory::temporary);
+          graph.set_tile_mapping(out, tile);
+          partials.push_back(out);
+          partial_tiles.push_back(tile);
+        } else {
+          for (std::size_t r = r0; r < r1; ++r)
+            graph.set_tile_mapping(c.row(r).slice(c0, c1), tile);
+        }
+        // Rows of the block shared out between the tile's workers.
+        const std::size_t per_worker = ceil_div(rows, workers);
+        for (std::size_t w0 = 0; w0 < rows; w0 += per_worker) {
+          const std::size_t w1 = std::min(rows, w0 + per_worker);
+          Vertex v{"MatMulBlock",
+                   tile,
+                   {{a_local}, {b_local}, {}},
+                   {double(rows), double(depth), double(cols), double(ta), double(tb), double(w0)}};
+          for (std::size_t r = w0; r < w1; ++r)
+            v.fields[2].push_back(split ? out.row(r) : c.row(r0 + r).slice(c0, c1));
+          graph.add_vertex(cs, std::move(v));
+        }
+      }
+      if (!split) continue;
+      // Reduction: each tile holding a partial adds up one share of the block (flat elements
+      // [e0, e1)), the other partials' shares brought in by the exchange; the share's output
+      // elements are mapped on that tile.
+      const std::size_t parts = partials.size(), elements = rows * cols;
+      const std::size_t share = ceil_div(elements, parts);
+      for (std::size_t g = 0; g < parts; ++g) {
+        const std::size_t e0 = g * share, e1 = std::min(elements, e0 + share);
+        if (e0 >= e1) break;
+        const unsigned reducer = partial_tiles[g];
+        Tensor gathered = graph.add_variable(DType::f32, {parts - 1, e1 - e0},
+                                             name + "/partials@" + std::to_string(reducer),
+                                             MemoryCategory::temporary);
+        graph.set_tile_mapping(gathered, reducer);
+        std::vector<Tensor> sources;  // the share of every partial, in k order, on this tile
+        for (std::size_t h = 0, row = 0; h < parts; ++h) {
+          const Tensor piece = partials[h].flatten().slice(e0, e1);
+          if (h == g) {
+            sources.push_back(piece);
+            continue;
+          }
+          reduce_copies.emplace_back(piece, gathered.row(row));
+          sources.push_back(gathered.row(row++));
+        }
+        // Output pieces of the share: row by row, as c's rows are not adjacent in the block.
+        for (std::size_t e = e0; e < e1;) {
+          const std::size_t r = e / cols, j = e % cols, len = std::min(cols - j, e1 - e);
+          graph.set_tile_mapping(c.row(r0 + r).slice(c0 + j, c0 + j + len), reducer);
+          e += len;
+        }
+        const std::size_t per_worker = ceil_div(e1 - e0, workers);
+        for (std::size_t s0 = e0; s0 < e1; s0 += per_worker) {
+          const std::size_t s1 = std::min(e1, s0 + per_worker);
+          Vertex v{"MatMulReduce", reducer, {{}, {}}, {}};
+          for (const Tensor& src : sources) v.fields[0].push_back(src.slice(s0 - e0, s1 - e0));
+          for (std::size_t e = s0; e < s1;) {
+            const std::size_t r = e / cols, j = e % cols, len = std::min(cols - j, s1 - e);
+            v.fields[1].push_back(c.row(r0 + r).slice(c0 + j, c0 + j + len));
+            e += len;
+          }
+          graph.add_vertex(reduce_cs, std::move(v));
+        }
       }
     }
   }
   prog.add(Program::copy(std::move(copies)));
   prog.add(Program::execute(cs));
+  if (split) {
+    prog.add(Program::copy(std::move(reduce_copies)));
+    prog.add(Program::execute(reduce_cs));
+  }
   return c;
 }
 

@@ -1,7 +1,11 @@
-// Matrix multiply op library: a planner splits the output into blocks over tiles, an
-// exchange brings each block's operand rows and columns onto its tile, AMP vertices compute.
+// Matrix multiply op library: a planner splits the output into blocks over tiles (and, when the
+// output alone cannot use the tiles or the operands do not fit, the inner dimension too), an
+// exchange brings each block's operand pieces onto its tile, AMP vertices compute, and a second
+// compute set adds the partial sums of a split inner dimension, as PopLibs does.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "ipu_process/graph.hpp"
@@ -14,14 +18,29 @@ namespace ipupod::ipu::ops {
 inline constexpr double kAvailableMemoryProportion = 0.6;
 
 struct MatMulPlan {
-  std::size_t row_blocks = 1, col_blocks = 1;  // output split into row_blocks x col_blocks tiles
-  std::uint64_t estimated_cycles = 0;
+  std::size_t row_blocks = 1, col_blocks = 1;  // output split into row_blocks x col_blocks blocks
+  std::size_t k_splits = 1;  // inner dimension split: each block's partial sums on k_splits tiles
+  std::uint64_t estimated_cycles = 0;  // compute, exchange and (when split) reduction, with syncs
+  std::size_t bytes_per_tile = 0;      // operands, partial sums and result on the busiest tile
+  std::size_t tiles() const { return row_blocks * col_blocks * k_splits; }
 };
 
-// op(a) [m, k] x op(b) [k, n] -> [m, n]; op transposes when the flag is set
-// (a is then stored [k, m], b [n, k]).
+// The plan of least estimated cycles among those whose busiest tile holds at most
+// kAvailableMemoryProportion of its memory; if none fits, the plan of fewest bytes per tile.
 MatMulPlan plan_matmul(const ArchPreset& arch, std::size_t m, std::size_t k, std::size_t n);
+
+// op(a) [m, k] x op(b) [k, n] -> [m, n] float32; op transposes when the flag is set
+// (a is then stored [k, m], b [n, k]). Each output element is accumulated in float32 in a
+// fixed order (see MatMulBlock and ReducePartials in `ipupod info --codelets`), so results do
+// not depend on the engine's thread count.
 Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, bool transpose_a,
               bool transpose_b, const std::string& name);
+
+// The host kernel of the MatMulBlock codelet, exposed for tests and benchmarks: rows
+// [r0, r0 + rows) of op(a) [., k] x op(b) [k, n] into the rows c[0..rows), each n floats.
+// a is [bm, k] (or [k, bm] when transposed), b is [k, n] (or [n, k] when transposed).
+void matmul_block_rows(const float* a, const float* b, float* const* c, std::size_t bm,
+                       std::size_t k, std::size_t n, bool transpose_a, bool transpose_b,
+                       std::size_t r0, std::size_t rows);
 
 }  // namespace ipupod::ipu::ops
