@@ -1,0 +1,229 @@
+// The matmul op library: the host kernel against a plain loop, the planner's inner-dimension
+// split, the whole op against a CPU reference on awkward shapes, thread-count independence and
+// how its predicted cycles scale with work and tiles.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+
+#include "ipu_process/engine.hpp"
+#include "ipu_process/ops/matmul.hpp"
+
+namespace ipupod::ipu {
+namespace {
+
+std::vector<float> random_floats(std::size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+// Small integers: every product and partial sum is exact in float32, so any summation order
+// gives the same bits and the kernel can be compared exactly with a plain loop.
+std::vector<float> small_integers(std::size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> d(-4, 4);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(d(gen));
+  return v;
+}
+
+struct KernelCase {
+  std::size_t bm, k, n, r0, rows;
+};
+
+TEST(MatMulKernel, MatchesAPlainLoopOnEveryRemainderAndLayout) {
+  // Rows and columns that do not fill a register tile, depths across the depth blocks.
+  const KernelCase cases[] = {{1, 1, 1, 0, 1},    {7, 3, 5, 2, 5},    {13, 300, 33, 0, 13},
+                              {6, 257, 16, 0, 6}, {9, 513, 47, 4, 5}, {31, 64, 64, 1, 29},
+                              {5, 17, 100, 0, 5}, {12, 256, 32, 6, 6}};
+  for (const auto& [bm, k, n, r0, rows] : cases)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const auto a = small_integers(bm * k, 1), b = small_integers(k * n, 2);
+        std::vector<float> c(rows * n, -7.f);  // garbage the kernel must overwrite
+        std::vector<float*> out(rows);
+        for (std::size_t i = 0; i < rows; ++i) out[i] = c.data() + i * n;
+        ops::matmul_block_rows(a.data(), b.data(), out.data(), bm, k, n, ta, tb, r0, rows);
+        for (std::size_t i = 0; i < rows; ++i)
+          for (std::size_t j = 0; j < n; ++j) {
+            float ref = 0;
+            for (std::size_t p = 0; p < k; ++p)
+              ref += (ta ? a[p * bm + r0 + i] : a[(r0 + i) * k + p]) *
+                     (tb ? b[j * k + p] : b[p * n + j]);
+            ASSERT_EQ(c[i * n + j], ref) << "bm=" << bm << " k=" << k << " n=" << n << " ta=" << ta
+                                         << " tb=" << tb << " at " << i << "," << j;
+          }
+      }
+}
+
+TEST(MatMulPlan, SplitsTheInnerDimensionWhenTheOutputIsTooSmallForTheTiles) {
+  const ArchPreset& tiny = ArchPreset::get("tiny");
+  const auto plan = ops::plan_matmul(tiny, 2, 4099, 3);
+  EXPECT_GT(plan.k_splits, 1u);
+  EXPECT_LE(plan.tiles(), tiny.tiles);
+  // A large square output already fills the tiles and needs no split.
+  const auto wide = ops::plan_matmul(tiny, 600, 8, 600);
+  EXPECT_EQ(wide.k_splits, 1u);
+  EXPECT_LE(wide.tiles(), tiny.tiles);
+}
+
+TEST(MatMulPlan, KeepsEveryTileWithinItsAvailableMemoryWhenAnOperandIsLargerThanATile) {
+  const ArchPreset& tiny = ArchPreset::get("tiny");
+  const std::size_t m = 9, k = 20011, n = 5;  // a alone is 720 KB, a tile 128 KiB
+  ASSERT_GT(4 * m * k, tiny.bytes_per_tile);
+  const auto plan = ops::plan_matmul(tiny, m, k, n);
+  EXPECT_LE(static_cast<double>(plan.bytes_per_tile),
+            ops::kAvailableMemoryProportion * static_cast<double>(tiny.bytes_per_tile));
+  EXPECT_GT(plan.k_splits, 1u);
+}
+
+TEST(MatMulPlan, RejectsAnEmptyDimension) {
+  EXPECT_THROW(ops::plan_matmul(ArchPreset::get("tiny"), 0, 4, 4), std::invalid_argument);
+}
+
+struct OpCase {
+  std::size_t m, k, n;
+  bool ta, tb;
+};
+
+// Builds op(a) x op(b) on `arch`, runs it and returns the result and the engine's cycles.
+struct OpRun {
+  std::vector<float> a, b, c;
+  CycleBreakdown cycles;
+};
+
+OpRun run_matmul(const ArchPreset& arch, const OpCase& oc, unsigned threads = 1) {
+  const auto [m, k, n, ta, tb] = oc;
+  Graph g(arch);
+  Tensor a = g.add_variable(DType::f32, ta ? std::vector{k, m} : std::vector{m, k}, "a");
+  Tensor b = g.add_variable(DType::f32, tb ? std::vector{n, k} : std::vector{k, n}, "b");
+  g.map_linearly(a, 3);
+  g.map_linearly(b, 5, arch.tiles > 2 ? 2 : 0);  // a layout unlike a's
+  Program p;
+  Tensor c = ops::matmul(g, p, a, b, ta, tb, "c");
+  for (const Tensor& t : {a, b, c}) g.set_host_access(t);
+  Engine e(g, {{"p", p}}, {.threads = threads});
+  OpRun r{random_floats(m * k, 1), random_floats(k * n, 2), {}, {}};
+  e.write(a, std::as_bytes(std::span(r.a)));
+  e.write(b, std::as_bytes(std::span(r.b)));
+  e.run("p");
+  const auto bytes = e.read(c);
+  r.c.resize(m * n);
+  std::memcpy(r.c.data(), bytes.data(), bytes.size());
+  r.cycles = e.cycles();
+  return r;
+}
+
+class MatMulOpTest : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(MatMulOpTest, MatchesADoublePrecisionReference) {
+  const OpCase oc = GetParam();
+  const auto [m, k, n, ta, tb] = oc;
+  const OpRun r = run_matmul(ArchPreset::get("tiny"), oc);
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      double ref = 0, magnitude = 0;
+      for (std::size_t p = 0; p < k; ++p) {
+        const double t = double(ta ? r.a[p * m + i] : r.a[i * k + p]) *
+                         double(tb ? r.b[j * k + p] : r.b[p * n + j]);
+        ref += t;
+        magnitude += std::abs(t);
+      }
+      // float32 accumulation of k terms: rounding errors grow like sqrt(k) ulps of the terms.
+      ASSERT_NEAR(r.c[i * n + j], ref, 2e-6 * std::sqrt(double(k)) * (1 + magnitude))
+          << "at " << i << "," << j;
+    }
+  EXPECT_GT(r.cycles.compute, 0u);
+  EXPECT_GT(r.cycles.exchange, 0u);
+}
+
+std::vector<OpCase> op_cases() {
+  std::vector<OpCase> cases;
+  struct Shape {
+    std::size_t m, k, n;
+  };
+  const Shape shapes[] = {
+      {7, 13, 5},      // primes, fewer blocks than tiles
+      {1, 1, 1},       // one element
+      {3, 4099, 2},    // k much larger than m * n: the inner dimension is split
+      {61, 1031, 67},  // operands of 250 KB and 270 KB, a tile 128 KiB
+      {37, 2, 41},     // almost no depth
+  };
+  for (const auto& s : shapes)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) cases.push_back({s.m, s.k, s.n, ta, tb});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(AwkwardShapes, MatMulOpTest, ::testing::ValuesIn(op_cases()),
+                         [](const auto& info) {
+                           const OpCase& c = info.param;
+                           return std::to_string(c.m) + "x" + std::to_string(c.k) + "x" +
+                                  std::to_string(c.n) + (c.ta ? "_ta" : "") + (c.tb ? "_tb" : "");
+                         });
+
+TEST(MatMulOp, ASplitInnerDimensionGivesBitwiseIdenticalResultsWithOneOrTwoThreads) {
+  const OpCase oc{5, 3001, 7, false, true};
+  ASSERT_GT(ops::plan_matmul(ArchPreset::get("tiny"), oc.m, oc.k, oc.n).k_splits, 1u);
+  const OpRun one = run_matmul(ArchPreset::get("tiny"), oc, 1);
+  const OpRun two = run_matmul(ArchPreset::get("tiny"), oc, 2);
+  ASSERT_EQ(one.c.size(), two.c.size());
+  EXPECT_EQ(std::memcmp(one.c.data(), two.c.data(), one.c.size() * sizeof(float)), 0);
+  EXPECT_EQ(one.cycles.total(), two.cycles.total());
+}
+
+TEST(MatMulOp, RejectsMismatchedInnerDimensionsAndNonFloatOperands) {
+  Graph g(ArchPreset::get("tiny"));
+  Tensor a = g.add_variable(DType::f32, {4, 5}, "a");
+  Tensor b = g.add_variable(DType::f32, {6, 3}, "b");
+  Tensor h = g.add_variable(DType::i32, {5, 3}, "h");
+  Program p;
+  try {
+    ops::matmul(g, p, a, b, false, false, "mm");
+    FAIL() << "no error for [4,5] x [6,3]";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("inner dimensions differ"), std::string::npos);
+  }
+  try {
+    ops::matmul(g, p, a, h, false, false, "mm");
+    FAIL() << "no error for an int32 operand";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("float32"), std::string::npos);
+  }
+}
+
+// An architecture like `tiny` with a given number of tiles and memory enough for any plan.
+ArchPreset with_tiles(unsigned tiles) {
+  ArchPreset arch = ArchPreset::get("tiny");
+  arch.name = "tiny-" + std::to_string(tiles);
+  arch.tiles = tiles;
+  arch.bytes_per_tile = 16u << 20;
+  return arch;
+}
+
+TEST(MatMulCycles, TwiceTheWorkOnOneTileCostsAboutTwiceTheComputeCycles) {
+  const ArchPreset one_tile = with_tiles(1);
+  const auto once = run_matmul(one_tile, {48, 96, 48, false, false}).cycles.compute;
+  const auto twice = run_matmul(one_tile, {48, 192, 48, false, false}).cycles.compute;
+  const double ratio = static_cast<double>(twice) / static_cast<double>(once);
+  EXPECT_GT(ratio, 1.9);
+  EXPECT_LT(ratio, 2.05);
+}
+
+TEST(MatMulCycles, TheSameWorkOnTwiceTheTilesCostsAboutHalfTheComputeCycles) {
+  const ArchPreset one_tile = with_tiles(1), two_tiles = with_tiles(2);
+  const OpCase oc{48, 96, 48, false, false};
+  const auto one = run_matmul(one_tile, oc).cycles.compute;
+  const auto two = run_matmul(two_tiles, oc).cycles.compute;
+  const double ratio = static_cast<double>(two) / static_cast<double>(one);
+  EXPECT_GT(ratio, 0.45);
+  EXPECT_LT(ratio, 0.6);
+}
+
+}  // namespace
+}  // namespace ipupod::ipu
