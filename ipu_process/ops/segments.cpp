@@ -1,0 +1,242 @@
+// Set statistics: worker pieces and their windows, partials, the reduction compute set.
+#include "ipu_process/ops/segments.hpp"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <stdexcept>
+#include <tuple>
+
+#include "ipu_process/ops/common.hpp"
+
+namespace ipupod::ipu {
+
+void register_segment_codelets(CodeletRegistry& r) {
+  r.add({"SetReduce",
+         "out[s, j] = finish(combine over regions r holding set s of part_r[s - first_r, j]), "
+         "regions combined in order; params: k, combine (0 sum, 1 max), finish (0 scale, "
+         "1 rsqrt), scale, eps, then each region's first set relative to out",
+         {"parts", "out"},
+         [](const VertexContext& c) {
+           auto out = c.region<float>(1);
+           const std::size_t k = c.size_param(0);
+           const bool max = c.size_param(1) == 1;
+           const bool rsqrt = c.size_param(2) == 1;
+           const float scale = static_cast<float>(c.param(3));
+           const float eps = static_cast<float>(c.param(4));
+           std::fill(out.begin(), out.end(), max ? -std::numeric_limits<float>::infinity() : 0.f);
+           for (std::size_t r = 0; r < c.regions(0); ++r) {
+             auto part = c.region<const float>(0, r);
+             float* o = out.data() + c.size_param(5 + r) * k;
+             if (max)
+               for (std::size_t i = 0; i < part.size(); ++i) o[i] = std::max(o[i], part[i]);
+             else
+               for (std::size_t i = 0; i < part.size(); ++i) o[i] += part[i];
+           }
+           if (rsqrt)
+             for (float& v : out) v = 1.f / std::sqrt(scale * v + eps);
+           else
+             for (float& v : out) v *= scale;
+         },
+         [](const Vertex& v, const ArchPreset& a) {
+           std::size_t n = 0;
+           for (const auto& t : v.fields[0]) n += t.elements();
+           // one combine per incoming partial, one finishing pass over the outputs
+           return vector_cycles(a, n, 1) + vector_cycles(a, v.fields[1][0].elements(), 2);
+         }});
+}
+
+namespace ops {
+namespace {
+constexpr std::size_t kMinElementsPerWorker = 64;
+
+std::string shape_text(const std::vector<std::size_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+}  // namespace
+
+SetLayout SetLayout::rows(std::size_t sets, std::size_t length) {
+  return {sets, length, std::max<std::size_t>(length, 1), 0};
+}
+
+SetLayout SetLayout::channels(std::size_t n, std::size_t c, std::size_t spatial) {
+  return {c, n * spatial, std::max<std::size_t>(spatial, 1), c};
+}
+
+std::size_t SetLayout::set_of(std::size_t element) const {
+  const std::size_t r = element / run;
+  return modulo ? r % modulo : r;
+}
+
+SetPlan::SetPlan(Graph& graph, const Tensor& x, SetLayout layout, std::string name)
+    : graph_(graph), x_(x.flatten()), layout_(layout), name_(std::move(name)) {
+  std::size_t mapped = 0;
+  for (const auto& iv : graph.tile_mapping(x_)) mapped += iv.end - iv.begin;
+  if (mapped != x_.elements())
+    throw std::logic_error(name_ + ": input " + graph.describe(x) + " of shape " +
+                           shape_text(x.shape()) + " has " + std::to_string(mapped) + " of " +
+                           std::to_string(x_.elements()) +
+                           " elements mapped to tiles; map it (set_tile_mapping or "
+                           "map_linearly) before building the op");
+  for_each_worker_piece(graph, x_, kMinElementsPerWorker,
+                        [&](unsigned tile, std::size_t b, std::size_t e) {
+                          SetPiece p{tile, b, e, 0, 0};
+                          const std::size_t r0 = b / layout_.run, r1 = (e - 1) / layout_.run;
+                          const std::size_t m = layout_.modulo;
+                          if (m == 0) {
+                            p.lo = r0, p.hi = r1 + 1;
+                          } else if (r1 - r0 + 1 >= m || r0 % m > r1 % m) {
+                            p.lo = 0, p.hi = m;  // every channel, or a wrapped range
+                          } else {
+                            p.lo = r0 % m, p.hi = r1 % m + 1;
+                          }
+                          pieces_.push_back(p);
+                        });
+  // The tile that reduces each set: where its first element lives for contiguous sets; for
+  // strided channels (data on every tile) the sets are spread evenly over the tiles.
+  const std::size_t sets = layout_.sets;
+  std::vector<unsigned> owner(sets, 0);
+  if (layout_.modulo == 0) {
+    std::vector<bool> seen(sets, false);
+    for (const auto& p : pieces_)
+      for (std::size_t s = p.lo; s < p.hi; ++s)
+        if (!seen[s]) seen[s] = true, owner[s] = p.tile;
+  } else {
+    const std::size_t per = (sets + graph.tiles() - 1) / graph.tiles();
+    for (std::size_t s = 0; s < sets; ++s) owner[s] = static_cast<unsigned>(s / per);
+  }
+  const std::size_t workers = graph.arch().workers_per_tile;
+  for (std::size_t a = 0; a < sets;) {
+    std::size_t b = a;
+    while (b < sets && owner[b] == owner[a]) ++b;
+    const std::size_t chunk = (b - a + workers - 1) / workers;
+    for (std::size_t s = a; s < b; s += chunk)
+      reducers_.push_back({owner[a], s, std::min(b, s + chunk)});
+    a = b;
+  }
+}
+
+std::vector<double> SetPlan::piece_params(const SetPiece& p,
+                                          const std::vector<double>& extra) const {
+  std::vector<double> params = {double(p.begin), double(layout_.run), double(layout_.modulo),
+                                double(p.lo)};
+  params.insert(params.end(), extra.begin(), extra.end());
+  return params;
+}
+
+std::vector<std::vector<Tensor>> SetPlan::windows(Program& prog, const std::vector<Tensor>& stats,
+                                                  const std::vector<std::size_t>& stats_k,
+                                                  const std::string& name) {
+  std::vector<std::vector<Tensor>> out(pieces_.size());
+  std::map<std::tuple<std::size_t, unsigned, std::size_t, std::size_t>, Tensor> cache;
+  std::vector<std::pair<Tensor, Tensor>> copies;
+  for (std::size_t i = 0; i < pieces_.size(); ++i) {
+    const SetPiece& p = pieces_[i];
+    for (std::size_t j = 0; j < stats.size(); ++j) {
+      const std::size_t k = stats_k.at(j);
+      if (stats[j].elements() != layout_.sets * k)
+        throw std::invalid_argument(name + ": statistics " + graph_.describe(stats[j]) + " hold " +
+                                    std::to_string(stats[j].elements()) + " values, expected " +
+                                    std::to_string(layout_.sets * k) + " (" +
+                                    std::to_string(layout_.sets) + " sets x " + std::to_string(k) +
+                                    ")");
+      auto key = std::make_tuple(j, p.tile, p.lo, p.hi);
+      auto it = cache.find(key);
+      if (it == cache.end()) {
+        Tensor w =
+            graph_.add_variable(DType::f32, {(p.hi - p.lo) * k},
+                                name + "/stats" + std::to_string(j) + "@" + std::to_string(p.tile),
+                                MemoryCategory::temporary);
+        graph_.set_tile_mapping(w, p.tile);
+        copies.emplace_back(stats[j].flatten().slice(p.lo * k, p.hi * k), w);
+        it = cache.emplace(key, w).first;
+      }
+      out[i].push_back(it->second);
+    }
+  }
+  if (!copies.empty()) prog.add(Program::copy(std::move(copies)));
+  return out;
+}
+
+Tensor SetPlan::reduce(Program& prog, const std::string& codelet, std::size_t k,
+                       const std::vector<Tensor>& operands, const std::vector<Tensor>& stats,
+                       const std::vector<std::size_t>& stats_k, SetCombine combine,
+                       SetFinish finish, double scale, double eps, const std::string& name,
+                       const std::vector<double>& extra_params) {
+  const auto wins = windows(prog, stats, stats_k, name);
+  // Partials: one vector of k values per set of each piece's window, on the piece's tile.
+  ComputeSetId partial_cs = graph_.add_compute_set(name + "/partials");
+  std::vector<Tensor> partials;
+  for (std::size_t i = 0; i < pieces_.size(); ++i) {
+    const SetPiece& p = pieces_[i];
+    Tensor part =
+        graph_.add_variable(DType::f32, {(p.hi - p.lo) * k}, name + "/partial" + std::to_string(i),
+                            MemoryCategory::temporary);
+    graph_.set_tile_mapping(part, p.tile);
+    partials.push_back(part);
+    Vertex v{codelet, p.tile, {}, piece_params(p, extra_params)};
+    for (const Tensor& t : operands) v.fields.push_back({t.flatten().slice(p.begin, p.end)});
+    for (const Tensor& w : wins[i]) v.fields.push_back({w});
+    v.fields.push_back({part});
+    graph_.add_vertex(partial_cs, std::move(v));
+  }
+  prog.add(Program::execute(partial_cs));
+
+  // Reduction: each reducer run receives the overlapping slices of every partial, in piece order.
+  Tensor result = graph_.add_variable(DType::f32, {layout_.sets * k}, name);
+  ComputeSetId reduce_cs = graph_.add_compute_set(name + "/reduce");
+  std::vector<std::pair<Tensor, Tensor>> copies;
+  for (std::size_t j = 0; j < reducers_.size(); ++j) {
+    const ReducerRun& run = reducers_[j];
+    std::vector<std::tuple<std::size_t, std::size_t, std::size_t>> incoming;  // piece, s0, s1
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < pieces_.size(); ++i) {
+      const std::size_t s0 = std::max(pieces_[i].lo, run.a), s1 = std::min(pieces_[i].hi, run.b);
+      if (s0 < s1) incoming.emplace_back(i, s0, s1), total += (s1 - s0) * k;
+    }
+    Tensor recv = graph_.add_variable(DType::f32, {total}, name + "/incoming" + std::to_string(j),
+                                      MemoryCategory::temporary);
+    graph_.set_tile_mapping(recv, run.tile);
+    Vertex v{"SetReduce",
+             run.tile,
+             {{}, {result.slice(run.a * k, run.b * k)}},
+             {double(k), combine == SetCombine::max ? 1.0 : 0.0,
+              finish == SetFinish::rsqrt ? 1.0 : 0.0, scale, eps}};
+    std::size_t at = 0;
+    for (const auto& [i, s0, s1] : incoming) {
+      const std::size_t n = (s1 - s0) * k;
+      const std::size_t from = (s0 - pieces_[i].lo) * k;
+      copies.emplace_back(partials[i].slice(from, from + n), recv.slice(at, at + n));
+      v.fields[0].push_back(recv.slice(at, at + n));
+      v.params.push_back(double(s0 - run.a));
+      at += n;
+    }
+    graph_.set_tile_mapping(result.slice(run.a * k, run.b * k), run.tile);
+    graph_.add_vertex(reduce_cs, std::move(v));
+  }
+  prog.add(Program::copy(std::move(copies)));
+  prog.add(Program::execute(reduce_cs));
+  return result;
+}
+
+void SetPlan::apply(Program& prog, const std::string& codelet, const std::vector<Tensor>& operands,
+                    const std::vector<Tensor>& stats, const std::vector<std::size_t>& stats_k,
+                    const Tensor& out, const std::string& name,
+                    const std::vector<double>& extra_params) {
+  const auto wins = windows(prog, stats, stats_k, name);
+  ComputeSetId cs = graph_.add_compute_set(name);
+  for (std::size_t i = 0; i < pieces_.size(); ++i) {
+    const SetPiece& p = pieces_[i];
+    Vertex v{codelet, p.tile, {}, piece_params(p, extra_params)};
+    for (const Tensor& t : operands) v.fields.push_back({t.flatten().slice(p.begin, p.end)});
+    for (const Tensor& w : wins[i]) v.fields.push_back({w});
+    v.fields.push_back({out.flatten().slice(p.begin, p.end)});
+    graph_.add_vertex(cs, std::move(v));
+  }
+  prog.add(Program::execute(cs));
+}
+
+}  // namespace ops
+}  // namespace ipupod::ipu
