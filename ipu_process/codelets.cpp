@@ -13,6 +13,8 @@ const CodeletRegistry& CodeletRegistry::builtin() {
     register_matmul_codelets(r);
     register_reduce_codelets(r);
     register_loss_codelets(r);
+    register_conv_codelets(r);
+    register_pool_codelets(r);
     register_segment_codelets(r);
     register_softmax_codelets(r);
     register_norm_codelets(r);
