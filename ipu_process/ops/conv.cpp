@@ -67,25 +67,62 @@ inline void axpy(float* __restrict y, const float* __restrict x, float a, std::s
     for (std::size_t i = 0; i < n; ++i) y[i] += a * x[i * stride];
 }
 
-// sum_i a[i] * b[i * stride], with four independent partial sums (deterministic).
-inline float dot(const float* __restrict a, const float* __restrict b, std::size_t n,
-                 std::size_t stride) {
-  float s[4] = {0.f, 0.f, 0.f, 0.f};
-  std::size_t i = 0;
-  if (stride == 1) {
-    for (; i + 4 <= n; i += 4)
-      for (std::size_t k = 0; k < 4; ++k) s[k] += a[i + k] * b[i + k];
-  } else {
-    for (; i + 4 <= n; i += 4)
-      for (std::size_t k = 0; k < 4; ++k) s[k] += a[i + k] * b[(i + k) * stride];
-  }
-  for (; i < n; ++i) s[0] += a[i] * b[i * stride];
-  return (s[0] + s[1]) + (s[2] + s[3]);
-}
-
 // Multiply-accumulates of a vertex with `outputs` output elements of `taps` taps each.
 std::uint64_t mac_cycles(const ArchPreset& arch, double outputs, double taps) {
   return amp_cycles(arch, 2.0 * outputs * taps);
+}
+
+// One input row a convolution output row reads: channel c's row under kernel row i (pointing
+// at input column 0) and the kw weights of that kernel row.
+struct RowTap {
+  const float* x;
+  const float* w;
+};
+
+// Output columns [lo, hi) for which every kernel column lands inside the image.
+std::pair<std::size_t, std::size_t> interior(const std::vector<ColumnRange>& cols, std::size_t ow) {
+  const std::size_t lo = std::min(cols.front().lo, ow), hi = std::min(cols.back().hi, ow);
+  return {lo, std::max(lo, hi)};
+}
+
+// out[ox] for ox in [ox, end) (interior columns), N at a time in registers: the sum over row
+// taps, then kernel columns, in that order. Stride is the column stride (1 when Unit).
+template <std::size_t N, bool Unit>
+std::size_t forward_chunks(float* orow, const std::vector<RowTap>& taps, std::size_t ox,
+                           std::size_t end, const ConvGeometry& g) {
+  const std::size_t stride = Unit ? 1 : g.sw;
+  for (; ox + N <= end; ox += N) {
+    float acc[N] = {};
+    const std::size_t base = ox * stride - g.pl;  // >= 0 for interior columns
+    for (const RowTap& t : taps) {
+      const float* xr = t.x + base;
+      for (std::size_t j = 0; j < g.kw; ++j) {
+        const float wv = t.w[j];
+        const float* xs = xr + j * g.dw;
+        for (std::size_t q = 0; q < N; ++q) acc[q] += wv * xs[q * stride];
+      }
+    }
+    for (std::size_t q = 0; q < N; ++q) orow[ox + q] = acc[q];
+  }
+  return ox;
+}
+
+template <bool Unit>
+std::size_t forward_interior(float* orow, const std::vector<RowTap>& taps, std::size_t ox,
+                             std::size_t end, const ConvGeometry& g) {
+  ox = forward_chunks<8, Unit>(orow, taps, ox, end, g);
+  return forward_chunks<4, Unit>(orow, taps, ox, end, g);
+}
+
+// One output column with its bounds checked (the image's borders).
+float forward_column(const std::vector<RowTap>& taps, std::size_t ox, const ConvGeometry& g) {
+  float acc = 0.f;
+  for (const RowTap& t : taps)
+    for (std::size_t j = 0; j < g.kw; ++j) {
+      const Index ix = signed_of(ox * g.sw + j * g.dw) - signed_of(g.pl);
+      if (ix >= 0 && ix < signed_of(g.w)) acc += t.w[j] * t.x[ix];
+    }
+  return acc;
 }
 
 // ConvForward: out rows [rr0, rr1) of planes (b, o); x local [nb, cc, hr, w] from input row
@@ -97,35 +134,37 @@ void conv_forward(const VertexContext& c) {
   const std::size_t cig = c.size_param(k + 3), rr0 = c.size_param(k + 4), rr1 = c.size_param(k + 5);
   const float* x = c.region<const float>(0).data();
   const float* w = c.region<const float>(1).data();
-  const auto cols = column_ranges(g);
-  const std::size_t taps = g.kh * g.kw;
+  const auto [lo, hi] = interior(column_ranges(g), g.ow);
+  std::vector<RowTap> taps;
+  taps.reserve(cig * g.kh);
   for (std::size_t r = 0; r < c.regions(2); ++r) {
     auto out = c.region<float>(2, r);
-    std::fill(out.begin(), out.end(), 0.f);
     const std::size_t b = c.size_param(k + 6 + 3 * r), woff = c.size_param(k + 7 + 3 * r),
                       xoff = c.size_param(k + 8 + 3 * r);
-    for (std::size_t ch = 0; ch < cig; ++ch) {
-      const float* xplane = x + ((b * cc + xoff + ch) * hr) * g.w;
-      const float* wk = w + woff + ch * taps;
-      for (std::size_t oy = rr0; oy < rr1; ++oy) {
-        float* orow = out.data() + (oy - rr0) * g.ow;
+    for (std::size_t oy = rr0; oy < rr1; ++oy) {
+      taps.clear();
+      for (std::size_t ch = 0; ch < cig; ++ch)
         for (std::size_t i = 0; i < g.kh; ++i) {
           const Index iy = signed_of(oy * g.sh + i * g.dh) - signed_of(g.pt);
           if (iy < 0 || iy >= signed_of(g.h)) continue;
-          const float* xrow = xplane + (static_cast<std::size_t>(iy) - ir0) * g.w;
-          for (std::size_t j = 0; j < g.kw; ++j) {
-            const ColumnRange& cr = cols[j];
-            axpy(orow + cr.lo, xrow + cr.first_input, wk[i * g.kw + j], cr.hi - cr.lo, g.sw);
-          }
+          taps.push_back(
+              {x + ((b * cc + xoff + ch) * hr + static_cast<std::size_t>(iy) - ir0) * g.w,
+               w + woff + (ch * g.kh + i) * g.kw});
         }
-      }
+      float* orow = out.data() + (oy - rr0) * g.ow;
+      std::size_t ox = 0;
+      for (; ox < std::min(lo, g.ow); ++ox) orow[ox] = forward_column(taps, ox, g);
+      ox = g.sw == 1 ? forward_interior<true>(orow, taps, ox, hi, g)
+                     : forward_interior<false>(orow, taps, ox, hi, g);
+      for (; ox < g.ow; ++ox) orow[ox] = forward_column(taps, ox, g);
     }
   }
 }
 
 // ConvGradInput: dx rows [rr0, rr1) of planes (b, c); dy local [nb, cd, oyr, ow] from output
 // row oy0; per region: b, first dy channel of c's group, offset of w[co=0, c, 0, 0] in the
-// local weights and their stride from one output channel to the next.
+// local weights and their stride from one output channel to the next. Each tap's sum over the
+// output channels is added to dx in tap order, as the reference's col2im does.
 void conv_grad_input(const VertexContext& c) {
   const ConvGeometry g = ConvGeometry::read(c);
   const std::size_t k = ConvGeometry::kParams;
@@ -134,13 +173,20 @@ void conv_grad_input(const VertexContext& c) {
   const float* dy = c.region<const float>(0).data();
   const float* w = c.region<const float>(1).data();
   const auto cols = column_ranges(g);
+  const std::size_t plane = oyr * g.ow;
+  // With unit strides every input column of [ix_lo, ix_hi) is reached by every kernel column.
+  const bool unit = g.sh == 1 && g.sw == 1;
+  const Index ix_lo_s = std::max<Index>(0, signed_of((g.kw - 1) * g.dw) - signed_of(g.pl));
+  const Index ix_hi_s = std::min<Index>(signed_of(g.w), signed_of(g.ow) - signed_of(g.pl));
+  const std::size_t ix_lo = unit ? static_cast<std::size_t>(ix_lo_s) : 0;
+  const std::size_t ix_hi = unit && ix_hi_s > ix_lo_s ? static_cast<std::size_t>(ix_hi_s) : ix_lo;
   std::vector<float> sum(g.ow);  // the tap's contribution of every output column
   for (std::size_t r = 0; r < c.regions(2); ++r) {
     auto out = c.region<float>(2, r);
     std::fill(out.begin(), out.end(), 0.f);
     const std::size_t b = c.size_param(k + 6 + 4 * r), dyoff = c.size_param(k + 7 + 4 * r),
                       woff = c.size_param(k + 8 + 4 * r), wstride = c.size_param(k + 9 + 4 * r);
-    const float* dyb = dy + (b * cd + dyoff) * oyr * g.ow;
+    const float* dyb = dy + (b * cd + dyoff) * plane;
     for (std::size_t iy = rr0; iy < rr1; ++iy) {
       float* dxrow = out.data() + (iy - rr0) * g.w;
       for (std::size_t i = 0; i < g.kh; ++i) {
@@ -149,25 +195,67 @@ void conv_grad_input(const VertexContext& c) {
         const std::size_t oy = static_cast<std::size_t>(t) / g.sh;
         if (oy >= g.oh) continue;
         const float* dyrow = dyb + (oy - oy0) * g.ow;
+        const float* wi = w + woff + i * g.kw;
+        // Interior columns, 8 at a time: the sum over output channels kept in registers.
+        std::size_t ix = ix_lo;
+        for (; ix + 8 <= ix_hi; ix += 8)
+          for (std::size_t j = 0; j < g.kw; ++j) {
+            float s8[8] = {};
+            const float* d = dyrow + ix + g.pl - j * g.dw;
+            for (std::size_t co = 0; co < cog; ++co) {
+              const float wv = wi[co * wstride + j];
+              const float* dc = d + co * plane;
+              for (std::size_t q = 0; q < 8; ++q) s8[q] += wv * dc[q];
+            }
+            for (std::size_t q = 0; q < 8; ++q) dxrow[ix + q] += s8[q];
+          }
+        const std::size_t done_lo = ix_lo, done_hi = ix;  // columns finished above
         for (std::size_t j = 0; j < g.kw; ++j) {
           const ColumnRange& cr = cols[j];
           if (cr.lo >= cr.hi) continue;
           const std::size_t n = cr.hi - cr.lo;
           std::fill_n(sum.data(), n, 0.f);
-          const float* wt = w + woff + i * g.kw + j;
           for (std::size_t co = 0; co < cog; ++co)
-            axpy(sum.data(), dyrow + co * oyr * g.ow + cr.lo, wt[co * wstride], n, 1);
-          float* dst = dxrow + cr.first_input;
-          for (std::size_t q = 0; q < n; ++q) dst[q * g.sw] += sum[q];
+            axpy(sum.data(), dyrow + co * plane + cr.lo, wi[co * wstride + j], n, 1);
+          for (std::size_t q = 0; q < n; ++q) {
+            const std::size_t col = cr.first_input + q * g.sw;
+            if (col < done_lo || col >= done_hi) dxrow[col] += sum[q];
+          }
         }
       }
     }
   }
 }
 
+// Interior output columns [ox, end) of one dy row, 4 at a time: acc[tap * 4 + q] gathers the
+// products of columns q mod 4. Returns the first column not done.
+template <bool Unit>
+std::size_t weight_chunks(float* acc, const std::vector<const float*>& rows, const float* d,
+                          std::size_t ox, std::size_t end, const ConvGeometry& g) {
+  const std::size_t stride = Unit ? 1 : g.sw;
+  for (; ox + 4 <= end; ox += 4) {
+    const std::size_t base = ox * stride - g.pl;
+    const float d0 = d[ox], d1 = d[ox + 1], d2 = d[ox + 2], d3 = d[ox + 3];
+    for (std::size_t i = 0; i < g.kh; ++i) {
+      if (!rows[i]) continue;
+      const float* xr = rows[i] + base;
+      float* a = acc + i * g.kw * 4;
+      for (std::size_t j = 0; j < g.kw; ++j) {
+        const float* xs = xr + j * g.dw;
+        a[j * 4] += d0 * xs[0];
+        a[j * 4 + 1] += d1 * xs[stride];
+        a[j * 4 + 2] += d2 * xs[2 * stride];
+        a[j * 4 + 3] += d3 * xs[3 * stride];
+      }
+    }
+  }
+  return ox;
+}
+
 // ConvGradWeight: dw[o, c0:c1] summed over the tile's batch and output rows; x local
 // [nb, cc, hr, w] from input row ir0, dy local [nb, ob, oyr, ow] of output rows
-// [oy0, oy0 + oyr). Per region: o, first input channel of o's group in x, c0, c1.
+// [oy0, oy0 + oyr). Per region: o, first input channel of o's group in x, c0, c1. Each weight
+// accumulates four interleaved partial sums (output columns mod 4), added at the end.
 void conv_grad_weight(const VertexContext& c) {
   const ConvGeometry g = ConvGeometry::read(c);
   const std::size_t k = ConvGeometry::kParams;
@@ -177,29 +265,49 @@ void conv_grad_weight(const VertexContext& c) {
   const float* x = c.region<const float>(0).data();
   const float* dy = c.region<const float>(1).data();
   const auto cols = column_ranges(g);
+  const auto [lo, hi] = interior(cols, g.ow);
   const std::size_t taps = g.kh * g.kw;
+  std::vector<float> acc(taps * 4);
+  std::vector<const float*> rows(g.kh);
   for (std::size_t r = 0; r < c.regions(2); ++r) {
     auto out = c.region<float>(2, r);
     const std::size_t o = c.size_param(k + 7 + 4 * r), xoff = c.size_param(k + 8 + 4 * r),
                       c0 = c.size_param(k + 9 + 4 * r), c1 = c.size_param(k + 10 + 4 * r);
-    for (std::size_t ch = c0; ch < c1; ++ch)
-      for (std::size_t i = 0; i < g.kh; ++i)
-        for (std::size_t j = 0; j < g.kw; ++j) {
-          const ColumnRange& cr = cols[j];
-          float acc = 0.f;
-          for (std::size_t b = 0; b < nb; ++b) {
-            const float* xplane = x + ((b * cc + xoff + ch) * hr) * g.w;
-            const float* dyplane = dy + (b * ob + o) * oyr * g.ow;
-            for (std::size_t oy = oy0; oy < oy0 + oyr; ++oy) {
-              const Index iy = signed_of(oy * g.sh + i * g.dh) - signed_of(g.pt);
-              if (iy < 0 || iy >= signed_of(g.h) || cr.lo >= cr.hi) continue;
-              acc += dot(dyplane + (oy - oy0) * g.ow + cr.lo,
-                         xplane + (static_cast<std::size_t>(iy) - ir0) * g.w + cr.first_input,
-                         cr.hi - cr.lo, g.sw);
+    for (std::size_t ch = c0; ch < c1; ++ch) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (std::size_t b = 0; b < nb; ++b) {
+        const float* xplane = x + ((b * cc + xoff + ch) * hr) * g.w;
+        const float* dyplane = dy + (b * ob + o) * oyr * g.ow;
+        for (std::size_t oy = oy0; oy < oy0 + oyr; ++oy) {
+          for (std::size_t i = 0; i < g.kh; ++i) {
+            const Index iy = signed_of(oy * g.sh + i * g.dh) - signed_of(g.pt);
+            rows[i] = iy < 0 || iy >= signed_of(g.h)
+                          ? nullptr
+                          : xplane + (static_cast<std::size_t>(iy) - ir0) * g.w;
+          }
+          const float* d = dyplane + (oy - oy0) * g.ow;
+          const std::size_t ox = g.sw == 1 ? weight_chunks<true>(acc.data(), rows, d, lo, hi, g)
+                                           : weight_chunks<false>(acc.data(), rows, d, lo, hi, g);
+          // The remaining columns (borders and the interior's tail), bounds checked.
+          for (std::size_t col = 0; col < g.ow; ++col) {
+            if (col == std::min(lo, g.ow) && lo < ox) col = ox;
+            if (col >= g.ow) break;
+            for (std::size_t i = 0; i < g.kh; ++i) {
+              if (!rows[i]) continue;
+              for (std::size_t j = 0; j < g.kw; ++j) {
+                const Index ix = signed_of(col * g.sw + j * g.dw) - signed_of(g.pl);
+                if (ix >= 0 && ix < signed_of(g.w))
+                  acc[(i * g.kw + j) * 4 + col % 4] += d[col] * rows[i][ix];
+              }
             }
           }
-          out[(ch - c0) * taps + i * g.kw + j] = acc;
         }
+      }
+      for (std::size_t t = 0; t < taps; ++t) {
+        const float* a = acc.data() + t * 4;
+        out[(ch - c0) * taps + t] = (a[0] + a[1]) + (a[2] + a[3]);
+      }
+    }
   }
 }
 
