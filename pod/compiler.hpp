@@ -30,15 +30,21 @@ struct CompiledModel {
   std::unique_ptr<ipu::Graph> graph;
   std::map<std::string, ipu::Program> programs;  // "train", "eval"
   std::map<models::ValueId, ipu::Tensor> parameters;
+  // Parameters and state (running statistics, codebooks) to fill from
+  // models::initial_parameter before the first run, keyed by the training model's values.
+  std::vector<std::pair<models::ValueId, ipu::Tensor>> initial_values;
   // Every tensor a checkpoint must hold to resume bitwise: parameters, optimizer state
   // (moments, step counters), model state (running statistics, codebooks), gradient
   // accumulators excluded. Named by the IR value (parameters, state) or "<param>/<slot>".
   std::vector<std::pair<std::string, ipu::Tensor>> checkpointed;
   std::vector<std::pair<ipu::Tensor, float>> constants;  // to fill after the engine is built
   ipu::Tensor input, labels, logits, loss;
+  ipu::Tensor eval_logits, eval_loss;  // what the "eval" program streams back
 };
 
+// Lowers `model` (built for training) and, when given, `eval_model` (the same model built
+// with training = false, sharing parameters and state by name) onto one IPU.
 CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset& arch,
-                              const StepShape& shape);
+                              const StepShape& shape, const models::Model* eval_model = nullptr);
 
 }  // namespace ipupod::pod

@@ -19,6 +19,7 @@ class UsageError : public std::runtime_error {
 struct TrainConfig {
   std::string model = "mlp";
   std::vector<std::size_t> hidden = {128};
+  double width = 1.0;  // channel width multiplier of the convolutional models (small configs)
   std::string data;
   std::string arch = "mk2";
   std::string topology = "pod16";

@@ -329,6 +329,7 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
       {"config",
        {{"model", c.model},
         {"hidden", c.hidden},
+        {"width", c.width},
         {"data", c.data},
         {"arch", c.arch},
         {"topology", c.topology},

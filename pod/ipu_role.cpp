@@ -69,16 +69,23 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
   options.classes = startup.classes;
   options.hidden = config.hidden;
   options.learning_rate = config.learning_rate;
+  options.width = config.width;
+  options.seed = config.seed;
   const models::Model model = models::build_model(config.model, options);
+  // Evaluation uses the inference-mode model (running statistics, no dropout), same weights.
+  models::ModelOptions eval_options = options;
+  eval_options.training = false;
+  const models::Model eval_model = models::build_model(config.model, eval_options);
   CompiledModel compiled = compile_for_ipu(
-      model, arch, {config.gradient_accumulation, config.device_iterations, config.replicas});
+      model, arch, {config.gradient_accumulation, config.device_iterations, config.replicas},
+      &eval_model);
   ipu::Engine engine(*compiled.graph, compiled.programs,
                      {.allow_out_of_memory = config.allow_out_of_memory,
                       .threads = 1,
                       .trace_events = config.trace_events});
 
   // Every replica starts from the same weights: the initialiser is keyed by the seed only.
-  for (const auto& [id, tensor] : compiled.parameters) {
+  for (const auto& [id, tensor] : compiled.initial_values) {
     const models::Buffer init = models::initial_parameter(model.graph, id, config.seed);
     engine.write(tensor, std::as_bytes(std::span(init.f)));
   }
@@ -103,7 +110,8 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
     client.send({kLossFrames, step, array_of(host::DType::f32, {}, src)});
   });
   engine.connect_output_stream(kLogitsStream, [&](std::span<const std::byte> src) {
-    client.send({kLogitsFrames, step, array_of(host::DType::f32, compiled.logits.shape(), src)});
+    client.send(
+        {kLogitsFrames, step, array_of(host::DType::f32, compiled.eval_logits.shape(), src)});
   });
 
   fabric::MpiTransport transport(replicas_comm);

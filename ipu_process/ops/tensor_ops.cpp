@@ -213,16 +213,23 @@ std::uint64_t out_field_cycles(const Vertex& v, const ArchPreset& a, std::size_t
 }  // namespace
 
 void register_tensor_codelets(CodeletRegistry& r) {
+  const auto map_cycles = [](const Vertex& v, const ArchPreset& a) {
+    const std::size_t inputs = static_cast<std::size_t>(v.params[2]);
+    return out_field_cycles(v, a, inputs, inputs + 1);
+  };
   r.add({"MapAffine",
-         "out = op(in0[affine(o)], in1[affine(o)]) over the out piece (broadcast, permute, slice, "
-         "concat windows); params: op, scale, inputs, rank, piece begin, window, shape, "
-         "per-input offset and strides",
-         {"in0", "[in1]", "out"},
+         "out = scale * in[affine(o)] over the out piece (broadcast, permute, slice, concat "
+         "windows); params: op, scale, inputs (1), rank, piece begin, window, shape, offset and "
+         "strides of in",
+         {"in", "out"},
          map_affine,
-         [](const Vertex& v, const ArchPreset& a) {
-           const std::size_t inputs = static_cast<std::size_t>(v.params[2]);
-           return out_field_cycles(v, a, inputs, inputs + 1);
-         }});
+         map_cycles});
+  r.add({"MapAffineBinary",
+         "out = a[affine(o)] op b[affine(o)] over the out piece (NumPy broadcasting); params: op, "
+         "scale, inputs (2), rank, piece begin, window, shape, then offset and strides of a and b",
+         {"a", "b", "out"},
+         map_affine,
+         map_cycles});
   r.add({"Unary",
          "out = f(x); params: function, alpha",
          {"x", "out"},
@@ -422,11 +429,20 @@ std::optional<std::pair<Index, Index>> touched(const std::vector<std::size_t>& s
   return std::make_pair(first, last);
 }
 
-// A float32 output spread over the tiles in pieces of at least a worker's share.
-Tensor spread(Graph& graph, const std::vector<std::size_t>& shape, const std::string& name) {
+// A float32 output spread over the tiles in pieces of `grain` elements. Tensors too small to
+// reach every tile start at a tile that moves with each new variable, so the many small outputs
+// of a model do not all pile up on the first tiles.
+Tensor spread(Graph& graph, const std::vector<std::size_t>& shape, const std::string& name,
+              std::size_t grain = kMinElementsPerWorker) {
   Tensor out = graph.add_variable(DType::f32, shape, name);
-  graph.map_linearly(
-      out, std::min<std::size_t>(std::max<std::size_t>(out.elements(), 1), kMinElementsPerWorker));
+  grain = std::clamp<std::size_t>(grain, 1, std::max<std::size_t>(out.elements(), 1));
+  const std::size_t pieces = (out.elements() + grain - 1) / grain;
+  if (pieces >= graph.tiles()) {
+    graph.map_linearly(out, grain);
+  } else {
+    const std::size_t start = graph.variables().size() * 101 % (graph.tiles() - pieces + 1);
+    graph.map_linearly(out, grain, static_cast<unsigned>(start), static_cast<unsigned>(pieces));
+  }
   return out;
 }
 
@@ -480,7 +496,7 @@ void add_map_affine(Graph& graph, ComputeSetId cs, std::vector<std::pair<Tensor,
                                name + "/in" + std::to_string(key.second)));
   const Tensor flat_out = out.flatten();
   for (const auto& piece : pieces) {
-    Vertex v{"MapAffine", piece.tile, {}, {}};
+    Vertex v{ins.size() == 1 ? "MapAffine" : "MapAffineBinary", piece.tile, {}, {}};
     v.params = {static_cast<double>(op),
                 scale,
                 static_cast<double>(ins.size()),
@@ -656,7 +672,12 @@ Tensor reduce_sum(Graph& graph, Program& prog, const Tensor& x,
   prog.add(Program::execute(stage1));
 
   // Stage 2: each output piece gathers the overlapping parts of every partial and sums them.
-  Tensor out = spread(graph, out_shape, name);
+  // Small outputs go one grain per tile so the partials' fan-in is spread too.
+  std::size_t out_elements = 1;
+  for (std::size_t d : out_shape) out_elements *= d;
+  Tensor out =
+      spread(graph, out_shape, name,
+             std::min((out_elements + graph.tiles() - 1) / graph.tiles(), kMinElementsPerWorker));
   const Tensor of = out.flatten();
   const ComputeSetId stage2 = graph.add_compute_set(name + "/sum");
   std::vector<std::pair<Tensor, Tensor>> copies;
