@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 
@@ -67,6 +68,24 @@ inline void axpy(float* __restrict y, const float* __restrict x, float a, std::s
     for (std::size_t i = 0; i < n; ++i) y[i] += a * x[i * stride];
 }
 
+// Four floats in one SIMD register (GCC's vector extension): the chunked loops below use it so
+// that their accumulators stay in registers whatever the auto-vectoriser decides.
+using Vec4 = float __attribute__((vector_size(16)));
+
+inline Vec4 load4(const float* p) {
+  Vec4 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline Vec4 load4(const float* p, std::size_t stride) {
+  return stride == 1 ? load4(p) : Vec4{p[0], p[stride], p[2 * stride], p[3 * stride]};
+}
+
+inline void store4(float* p, Vec4 v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
 // Multiply-accumulates of a vertex with `outputs` output elements of `taps` taps each.
 std::uint64_t mac_cycles(const ArchPreset& arch, double outputs, double taps) {
   return amp_cycles(arch, 2.0 * outputs * taps);
@@ -90,19 +109,20 @@ std::pair<std::size_t, std::size_t> interior(const std::vector<ColumnRange>& col
 template <std::size_t N, bool Unit>
 std::size_t forward_chunks(float* orow, const std::vector<RowTap>& taps, std::size_t ox,
                            std::size_t end, const ConvGeometry& g) {
+  static_assert(N % 4 == 0);
   const std::size_t stride = Unit ? 1 : g.sw;
   for (; ox + N <= end; ox += N) {
-    float acc[N] = {};
+    Vec4 acc[N / 4] = {};
     const std::size_t base = ox * stride - g.pl;  // >= 0 for interior columns
     for (const RowTap& t : taps) {
       const float* xr = t.x + base;
       for (std::size_t j = 0; j < g.kw; ++j) {
-        const float wv = t.w[j];
+        const Vec4 wv = Vec4{} + t.w[j];
         const float* xs = xr + j * g.dw;
-        for (std::size_t q = 0; q < N; ++q) acc[q] += wv * xs[q * stride];
+        for (std::size_t v = 0; v < N / 4; ++v) acc[v] += wv * load4(xs + 4 * v * stride, stride);
       }
     }
-    for (std::size_t q = 0; q < N; ++q) orow[ox + q] = acc[q];
+    for (std::size_t v = 0; v < N / 4; ++v) store4(orow + ox + 4 * v, acc[v]);
   }
   return ox;
 }
@@ -114,14 +134,21 @@ std::size_t forward_interior(float* orow, const std::vector<RowTap>& taps, std::
   return forward_chunks<4, Unit>(orow, taps, ox, end, g);
 }
 
-// One output column with its bounds checked (the image's borders).
+// Kernel columns [first, end) that land inside the image for output column ox.
+std::pair<std::size_t, std::size_t> kernel_columns(std::size_t ox, const ConvGeometry& g) {
+  const Index at = signed_of(ox * g.sw) - signed_of(g.pl), dw = signed_of(g.dw);
+  const Index first = at >= 0 ? 0 : (-at + dw - 1) / dw;
+  const Index end = std::min(signed_of(g.kw), (signed_of(g.w) - at + dw - 1) / dw);
+  return {static_cast<std::size_t>(first), static_cast<std::size_t>(std::max(first, end))};
+}
+
+// One output column at the image's border, only over the kernel columns inside the image.
 float forward_column(const std::vector<RowTap>& taps, std::size_t ox, const ConvGeometry& g) {
+  const auto [j0, j1] = kernel_columns(ox, g);
+  const std::size_t at = ox * g.sw + j0 * g.dw - g.pl;
   float acc = 0.f;
   for (const RowTap& t : taps)
-    for (std::size_t j = 0; j < g.kw; ++j) {
-      const Index ix = signed_of(ox * g.sw + j * g.dw) - signed_of(g.pl);
-      if (ix >= 0 && ix < signed_of(g.w)) acc += t.w[j] * t.x[ix];
-    }
+    for (std::size_t j = j0; j < j1; ++j) acc += t.w[j] * t.x[at + (j - j0) * g.dw];
   return acc;
 }
 
@@ -161,6 +188,28 @@ void conv_forward(const VertexContext& c) {
   }
 }
 
+// Unit strides, interior input columns [ix, end) of one dx row and kernel row, N at a time:
+// for each kernel column, the sum over output channels, then added to dx (the reference's order).
+template <std::size_t N>
+std::size_t grad_input_chunks(float* dxrow, const float* dyrow, const float* wi,
+                              std::size_t wstride, std::size_t cog, std::size_t plane,
+                              std::size_t ix, std::size_t end, const ConvGeometry& g) {
+  static_assert(N % 4 == 0);
+  for (; ix + N <= end; ix += N)
+    for (std::size_t j = 0; j < g.kw; ++j) {
+      Vec4 s[N / 4] = {};
+      const float* d = dyrow + ix + g.pl - j * g.dw;
+      for (std::size_t co = 0; co < cog; ++co) {
+        const Vec4 wv = Vec4{} + wi[co * wstride + j];
+        const float* dc = d + co * plane;
+        for (std::size_t v = 0; v < N / 4; ++v) s[v] += wv * load4(dc + 4 * v);
+      }
+      for (std::size_t v = 0; v < N / 4; ++v)
+        store4(dxrow + ix + 4 * v, load4(dxrow + ix + 4 * v) + s[v]);
+    }
+  return ix;
+}
+
 // ConvGradInput: dx rows [rr0, rr1) of planes (b, c); dy local [nb, cd, oyr, ow] from output
 // row oy0; per region: b, first dy channel of c's group, offset of w[co=0, c, 0, 0] in the
 // local weights and their stride from one output channel to the next. Each tap's sum over the
@@ -196,20 +245,25 @@ void conv_grad_input(const VertexContext& c) {
         if (oy >= g.oh) continue;
         const float* dyrow = dyb + (oy - oy0) * g.ow;
         const float* wi = w + woff + i * g.kw;
-        // Interior columns, 8 at a time: the sum over output channels kept in registers.
-        std::size_t ix = ix_lo;
-        for (; ix + 8 <= ix_hi; ix += 8)
-          for (std::size_t j = 0; j < g.kw; ++j) {
-            float s8[8] = {};
-            const float* d = dyrow + ix + g.pl - j * g.dw;
-            for (std::size_t co = 0; co < cog; ++co) {
-              const float wv = wi[co * wstride + j];
-              const float* dc = d + co * plane;
-              for (std::size_t q = 0; q < 8; ++q) s8[q] += wv * dc[q];
+        // Interior columns, 8 then 4 at a time: each tap's sum over output channels in registers.
+        std::size_t ix =
+            grad_input_chunks<8>(dxrow, dyrow, wi, wstride, cog, plane, ix_lo, ix_hi, g);
+        ix = grad_input_chunks<4>(dxrow, dyrow, wi, wstride, cog, plane, ix, ix_hi, g);
+        if (unit) {  // the border columns, each bounds checked
+          for (std::size_t col = 0; col < g.w; ++col) {
+            if (col == ix_lo && ix_lo < ix) col = ix;
+            if (col >= g.w) break;
+            for (std::size_t j = 0; j < g.kw; ++j) {
+              const Index ox = signed_of(col + g.pl) - signed_of(j * g.dw);
+              if (ox < 0 || ox >= signed_of(g.ow)) continue;
+              float s1 = 0.f;
+              for (std::size_t co = 0; co < cog; ++co)
+                s1 += wi[co * wstride + j] * dyrow[co * plane + static_cast<std::size_t>(ox)];
+              dxrow[col] += s1;
             }
-            for (std::size_t q = 0; q < 8; ++q) dxrow[ix + q] += s8[q];
           }
-        const std::size_t done_lo = ix_lo, done_hi = ix;  // columns finished above
+          continue;
+        }
         for (std::size_t j = 0; j < g.kw; ++j) {
           const ColumnRange& cr = cols[j];
           if (cr.lo >= cr.hi) continue;
@@ -217,10 +271,7 @@ void conv_grad_input(const VertexContext& c) {
           std::fill_n(sum.data(), n, 0.f);
           for (std::size_t co = 0; co < cog; ++co)
             axpy(sum.data(), dyrow + co * plane + cr.lo, wi[co * wstride + j], n, 1);
-          for (std::size_t q = 0; q < n; ++q) {
-            const std::size_t col = cr.first_input + q * g.sw;
-            if (col < done_lo || col >= done_hi) dxrow[col] += sum[q];
-          }
+          for (std::size_t q = 0; q < n; ++q) dxrow[cr.first_input + q * g.sw] += sum[q];
         }
       }
     }
@@ -235,18 +286,13 @@ std::size_t weight_chunks(float* acc, const std::vector<const float*>& rows, con
   const std::size_t stride = Unit ? 1 : g.sw;
   for (; ox + 4 <= end; ox += 4) {
     const std::size_t base = ox * stride - g.pl;
-    const float d0 = d[ox], d1 = d[ox + 1], d2 = d[ox + 2], d3 = d[ox + 3];
+    const Vec4 dv = load4(d + ox);
     for (std::size_t i = 0; i < g.kh; ++i) {
       if (!rows[i]) continue;
       const float* xr = rows[i] + base;
       float* a = acc + i * g.kw * 4;
-      for (std::size_t j = 0; j < g.kw; ++j) {
-        const float* xs = xr + j * g.dw;
-        a[j * 4] += d0 * xs[0];
-        a[j * 4 + 1] += d1 * xs[stride];
-        a[j * 4 + 2] += d2 * xs[2 * stride];
-        a[j * 4 + 3] += d3 * xs[3 * stride];
-      }
+      for (std::size_t j = 0; j < g.kw; ++j)
+        store4(a + j * 4, load4(a + j * 4) + dv * load4(xr + j * g.dw, stride));
     }
   }
   return ox;
