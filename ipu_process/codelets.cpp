@@ -13,6 +13,7 @@ const CodeletRegistry& CodeletRegistry::builtin() {
     register_matmul_codelets(r);
     register_reduce_codelets(r);
     register_loss_codelets(r);
+    register_gather_codelets(r);
     register_conv_codelets(r);
     register_pool_codelets(r);
     register_segment_codelets(r);

@@ -71,6 +71,7 @@ void register_elementwise_codelets(CodeletRegistry& registry);
 void register_matmul_codelets(CodeletRegistry& registry);
 void register_reduce_codelets(CodeletRegistry& registry);
 void register_loss_codelets(CodeletRegistry& registry);
+void register_gather_codelets(CodeletRegistry& registry);
 void register_conv_codelets(CodeletRegistry& registry);
 void register_pool_codelets(CodeletRegistry& registry);
 void register_segment_codelets(CodeletRegistry& registry);
