@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <iostream>
 #include <random>
 
 #include "ipu_process/engine.hpp"
@@ -291,6 +292,31 @@ TEST(BatchNorm, InferenceAndRunningStatisticsMatchReference) {
   expect_near_all(out[0], y, 1e-5, "batch_norm_inference");
   expect_near_all(out[1], mean, 1e-5, "running mean");
   expect_near_all(out[2], var, 1e-5, "running var");
+}
+
+// Predicted compute cycles of layer normalisation with its rows on the given tiles.
+std::uint64_t layer_norm_compute_cycles(std::size_t rows, std::size_t length, unsigned tiles) {
+  Graph g(ArchPreset::get("tiny"));
+  Tensor x = g.add_variable(DType::f32, {rows, length}, "x");
+  g.map_linearly(x, length, 0, tiles);
+  Program p;
+  ops::normalize(g, p, x, norm(ops::NormKind::layer, 1e-5), "ln");
+  Engine e(g, {{"p", p}});
+  e.run("p");
+  return e.cycles().compute;
+}
+
+TEST(Norm, CycleEstimatesScaleWithWorkAndTiles) {
+  const double one = double(layer_norm_compute_cycles(32, 200, 1));
+  const double twice_the_work = double(layer_norm_compute_cycles(64, 200, 1));
+  const double twice_the_tiles = double(layer_norm_compute_cycles(64, 200, 2));
+  std::cout << "layer norm [32,200] on 1 tile: " << one
+            << " cycles; [64,200] on 1 tile: " << twice_the_work
+            << "; on 2 tiles: " << twice_the_tiles << "\n";
+  EXPECT_GT(twice_the_work / one, 1.7);
+  EXPECT_LT(twice_the_work / one, 2.3);
+  EXPECT_GT(twice_the_tiles / twice_the_work, 0.4);
+  EXPECT_LT(twice_the_tiles / twice_the_work, 0.65);
 }
 
 TEST(Norm, BadInputsGetClearErrors) {
