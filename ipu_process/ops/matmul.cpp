@@ -101,32 +101,41 @@ void block_rows_kernel(const float* a, const float* b, float* const* c, std::siz
   const std::size_t a_row_stride = ta ? 1 : k, a_depth_stride = ta ? bm : 1;
   const float* a_rows = a + r0 * a_row_stride;
   thread_local std::vector<float> panel;  // b columns re-laid out [depth, kTileColumns]
-  alignas(64) float tile[kTileRows * kTileColumns];
+  alignas(64) float tile[kTileRows * kTileColumns] = {};
   for (std::size_t j0 = 0; j0 < n; j0 += kTileColumns) {
     const std::size_t width = std::min(kTileColumns, n - j0);
     const std::size_t vectors = width > kLanes ? 2 : 1;
+    const std::size_t lanes = vectors * kLanes;
+    // Rows of b the register tile may read in place: all of a full-width panel, and for the
+    // last, narrower panel every row whose full vectors stay inside b (the extra lanes read
+    // the next row's values, and their sums are dropped). Transposed b is always re-laid out.
+    const std::size_t direct_rows =
+        tb ? 0 : (k * n >= j0 + lanes ? std::min(k, (k * n - j0 - lanes) / n + 1) : 0);
     for (std::size_t p0 = 0; p0 < k; p0 += kDepthBlock) {
       const std::size_t depth = std::min(kDepthBlock, k - p0);
-      const float* bp = b + p0 * n + j0;
-      std::size_t b_row_stride = n;
-      // Transposed b, and the last columns when they do not fill the register tile, are
-      // first copied into a zero-padded panel of the layout the register tile reads.
-      if (tb || width != vectors * kLanes) {
-        panel.assign(depth * kTileColumns, 0.f);
-        if (tb)
+      const std::size_t direct = std::min(depth, direct_rows > p0 ? direct_rows - p0 : 0);
+      // The other rows are copied into a zero-padded panel of the layout the tile reads.
+      const std::size_t packed = depth - direct;
+      if (packed > 0) {
+        panel.assign(packed * kTileColumns, 0.f);
+        const std::size_t first = p0 + direct;
+        if (tb)  // read along b's rows (contiguous in p)
           for (std::size_t j = 0; j < width; ++j)
-            for (std::size_t p = 0; p < depth; ++p)
-              panel[p * kTileColumns + j] = b[(j0 + j) * k + p0 + p];
+            for (std::size_t q = 0; q < packed; ++q)
+              panel[q * kTileColumns + j] = b[(j0 + j) * k + first + q];
         else
-          for (std::size_t p = 0; p < depth; ++p)
-            std::memcpy(&panel[p * kTileColumns], b + (p0 + p) * n + j0, width * sizeof(float));
-        bp = panel.data();
-        b_row_stride = kTileColumns;
+          for (std::size_t q = 0; q < packed; ++q)
+            for (std::size_t j = 0; j < width; ++j)
+              panel[q * kTileColumns + j] = b[(first + q) * n + j0 + j];
       }
-      for (std::size_t i0 = 0; i0 < rows; i0 += kTileRows) {
-        const std::size_t tile_rows = std::min(kTileRows, rows - i0);
-        // The running sums pass through `tile` between depth blocks: stored and reloaded as
-        // float32, so blocking does not change any result.
+      // Rows in register tiles of equal height (19 rows as 5+5+5+4, not 6+6+6+1): a tile of
+      // few rows loads b as often as a full one for less work.
+      const std::size_t row_tiles = (rows + kTileRows - 1) / kTileRows;
+      const std::size_t rows_per_tile = (rows + row_tiles - 1) / row_tiles;
+      for (std::size_t i0 = 0; i0 < rows; i0 += rows_per_tile) {
+        const std::size_t tile_rows = std::min(rows_per_tile, rows - i0);
+        // The running sums pass through `tile` between depth blocks and between the in-place
+        // and packed rows: stored and reloaded as float32, so no result changes.
         for (std::size_t i = 0; i < tile_rows; ++i) {
           if (p0 == 0)
             std::fill_n(tile + i * kTileColumns, kTileColumns, 0.f);
@@ -134,12 +143,20 @@ void block_rows_kernel(const float* a, const float* b, float* const* c, std::siz
             std::memcpy(tile + i * kTileColumns, c[i0 + i] + j0, width * sizeof(float));
         }
         const float* ap = a_rows + i0 * a_row_stride + p0 * a_depth_stride;
-        if (vectors == 2)
-          register_tile_rows<2>(tile_rows, ap, a_row_stride, a_depth_stride, bp, b_row_stride,
-                                depth, tile);
-        else
-          register_tile_rows<1>(tile_rows, ap, a_row_stride, a_depth_stride, bp, b_row_stride,
-                                depth, tile);
+        // In-place rows, then packed rows (no lambda: it would not inherit this clone's ISA).
+        for (int part = 0; part < 2; ++part) {
+          const std::size_t steps = part == 0 ? direct : packed;
+          if (steps == 0) continue;
+          const float* bp = part == 0 ? b + p0 * n + j0 : panel.data();
+          const std::size_t b_row_stride = part == 0 ? n : kTileColumns;
+          const float* ap_part = part == 0 ? ap : ap + direct * a_depth_stride;
+          if (vectors == 2)
+            register_tile_rows<2>(tile_rows, ap_part, a_row_stride, a_depth_stride, bp,
+                                  b_row_stride, steps, tile);
+          else
+            register_tile_rows<1>(tile_rows, ap_part, a_row_stride, a_depth_stride, bp,
+                                  b_row_stride, steps, tile);
+        }
         for (std::size_t i = 0; i < tile_rows; ++i)
           std::memcpy(c[i0 + i] + j0, tile + i * kTileColumns, width * sizeof(float));
       }
@@ -321,6 +338,9 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
   const bool split = plan.k_splits > 1;
   Tensor c = graph.add_variable(DType::f32, {m, n}, name);
   std::vector<std::pair<Tensor, Tensor>> copies, reduce_copies;
+  // c's pieces and their tiles, mapped in element order at the end: mapping a variable front
+  // to back costs the graph constant time per piece, out of order it costs the whole mapping.
+  std::vector<std::pair<Tensor, unsigned>> c_pieces;
   ComputeSetId cs = graph.add_compute_set(name);
   const ComputeSetId reduce_cs = split ? graph.add_compute_set(name + "/reduce") : cs;
   const std::size_t workers = graph.arch().workers_per_tile;
@@ -368,8 +388,7 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
           partials.push_back(out);
           partial_tiles.push_back(tile);
         } else {
-          for (std::size_t r = r0; r < r1; ++r)
-            graph.set_tile_mapping(c.row(r).slice(c0, c1), tile);
+          for (std::size_t r = r0; r < r1; ++r) c_pieces.emplace_back(c.row(r).slice(c0, c1), tile);
         }
         // Rows of the block shared out between the tile's workers.
         const std::size_t per_worker = ceil_div(rows, workers);
@@ -411,7 +430,7 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
         // Output pieces of the share: row by row, as c's rows are not adjacent in the block.
         for (std::size_t e = e0; e < e1;) {
           const std::size_t r = e / cols, j = e % cols, len = std::min(cols - j, e1 - e);
-          graph.set_tile_mapping(c.row(r0 + r).slice(c0 + j, c0 + j + len), reducer);
+          c_pieces.emplace_back(c.row(r0 + r).slice(c0 + j, c0 + j + len), reducer);
           e += len;
         }
         const std::size_t per_worker = ceil_div(e1 - e0, workers);
@@ -429,6 +448,9 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
       }
     }
   }
+  std::sort(c_pieces.begin(), c_pieces.end(),
+            [](const auto& x, const auto& y) { return x.first.offset() < y.first.offset(); });
+  for (const auto& [piece, on] : c_pieces) graph.set_tile_mapping(piece, on);
   prog.add(Program::copy(std::move(copies)));
   prog.add(Program::execute(cs));
   if (split) {
