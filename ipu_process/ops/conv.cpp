@@ -280,22 +280,47 @@ void conv_grad_input(const VertexContext& c) {
 
 // Interior output columns [ox, end) of one dy row, 4 at a time: acc[tap * 4 + q] gathers the
 // products of columns q mod 4. Returns the first column not done.
-template <bool Unit>
-std::size_t weight_chunks(float* acc, const std::vector<const float*>& rows, const float* d,
-                          std::size_t ox, std::size_t end, const ConvGeometry& g) {
-  const std::size_t stride = Unit ? 1 : g.sw;
-  for (; ox + 4 <= end; ox += 4) {
-    const std::size_t base = ox * stride - g.pl;
-    const Vec4 dv = load4(d + ox);
-    for (std::size_t i = 0; i < g.kh; ++i) {
-      if (!rows[i]) continue;
-      const float* xr = rows[i] + base;
-      float* a = acc + i * g.kw * 4;
-      for (std::size_t j = 0; j < g.kw; ++j)
-        store4(a + j * 4, load4(a + j * 4) + dv * load4(xr + j * g.dw, stride));
+// Interior output columns [ox, end) of one dy row against kernel row xr (the input row under
+// it), 4 at a time: acc[j * 4 + q] gathers the products of kernel column j at columns q mod 4.
+// KW is the kernel width when known at compile time (the accumulators then stay in
+// registers), 0 for any width. Returns the first column not done.
+template <std::size_t KW, bool Unit>
+std::size_t weight_row_chunks(float* acc, const float* xr, const float* d, std::size_t ox,
+                              std::size_t end, const ConvGeometry& g) {
+  const std::size_t stride = Unit ? 1 : g.sw, kw = KW ? KW : g.kw;
+  if constexpr (KW > 0) {
+    Vec4 a[KW];
+    for (std::size_t j = 0; j < KW; ++j) a[j] = load4(acc + j * 4);
+    for (; ox + 4 <= end; ox += 4) {
+      const Vec4 dv = load4(d + ox);
+      const float* xs = xr + ox * stride - g.pl;
+      for (std::size_t j = 0; j < KW; ++j) a[j] += dv * load4(xs + j * g.dw, stride);
+    }
+    for (std::size_t j = 0; j < KW; ++j) store4(acc + j * 4, a[j]);
+  } else {
+    for (; ox + 4 <= end; ox += 4) {
+      const Vec4 dv = load4(d + ox);
+      const float* xs = xr + ox * stride - g.pl;
+      for (std::size_t j = 0; j < kw; ++j)
+        store4(acc + j * 4, load4(acc + j * 4) + dv * load4(xs + j * g.dw, stride));
     }
   }
   return ox;
+}
+
+template <bool Unit>
+std::size_t weight_chunks(float* acc, const float* xr, const float* d, std::size_t ox,
+                          std::size_t end, const ConvGeometry& g) {
+  switch (g.kw) {
+    case 1:
+      return weight_row_chunks<1, Unit>(acc, xr, d, ox, end, g);
+    case 3:
+      return weight_row_chunks<3, Unit>(acc, xr, d, ox, end, g);
+    case 5:
+      return weight_row_chunks<5, Unit>(acc, xr, d, ox, end, g);
+    default:
+      return weight_row_chunks<0, Unit>(acc, xr, d, ox, end, g);
+  }
 }
 
 // ConvGradWeight: dw[o, c0:c1] summed over the tile's batch and output rows; x local
@@ -332,19 +357,19 @@ void conv_grad_weight(const VertexContext& c) {
                           : xplane + (static_cast<std::size_t>(iy) - ir0) * g.w;
           }
           const float* d = dyplane + (oy - oy0) * g.ow;
-          const std::size_t ox = g.sw == 1 ? weight_chunks<true>(acc.data(), rows, d, lo, hi, g)
-                                           : weight_chunks<false>(acc.data(), rows, d, lo, hi, g);
-          // The remaining columns (borders and the interior's tail), bounds checked.
-          for (std::size_t col = 0; col < g.ow; ++col) {
-            if (col == std::min(lo, g.ow) && lo < ox) col = ox;
-            if (col >= g.ow) break;
-            for (std::size_t i = 0; i < g.kh; ++i) {
-              if (!rows[i]) continue;
-              for (std::size_t j = 0; j < g.kw; ++j) {
-                const Index ix = signed_of(col * g.sw + j * g.dw) - signed_of(g.pl);
-                if (ix >= 0 && ix < signed_of(g.w))
-                  acc[(i * g.kw + j) * 4 + col % 4] += d[col] * rows[i][ix];
-              }
+          for (std::size_t i = 0; i < g.kh; ++i) {
+            if (!rows[i]) continue;
+            float* ai = acc.data() + i * g.kw * 4;
+            const std::size_t ox = g.sw == 1 ? weight_chunks<true>(ai, rows[i], d, lo, hi, g)
+                                             : weight_chunks<false>(ai, rows[i], d, lo, hi, g);
+            // The remaining columns (borders and the interior's tail).
+            for (std::size_t col = 0; col < g.ow; ++col) {
+              if (col == lo && lo < ox) col = ox;
+              if (col >= g.ow) break;
+              const auto [j0, j1] = kernel_columns(col, g);
+              const std::size_t at = col * g.sw + j0 * g.dw - g.pl;
+              for (std::size_t j = j0; j < j1; ++j)
+                ai[j * 4 + col % 4] += d[col] * rows[i][at + (j - j0) * g.dw];
             }
           }
         }
