@@ -72,7 +72,8 @@ struct Engine::Node {
   std::vector<Piece> pieces;  // stream and collective data or the predicate, in element order
   std::size_t bytes = 0;
   DType dtype = DType::f32;
-  std::string name;  // for the trace
+  std::string name;            // for the trace
+  unsigned peer = 0, tag = 0;  // send and receive
 };
 
 namespace {
@@ -167,6 +168,8 @@ class LivenessWalk {
       case Program::Kind::stream_to_device:
       case Program::Kind::stream_from_device:
       case Program::Kind::all_reduce:
+      case Program::Kind::send:
+      case Program::Kind::receive:
         for (const auto& t : p.tensors()) touch(t);
         break;
     }
@@ -462,8 +465,17 @@ Engine::Node Engine::compile(const Program& p) {
     case Program::Kind::stream_to_device:
     case Program::Kind::stream_from_device:
     case Program::Kind::all_reduce:
+    case Program::Kind::send:
+    case Program::Kind::receive:
       node.stream = p.stream();
       node.name = p.kind() == Program::Kind::all_reduce ? "all_reduce" : p.stream();
+      if (p.kind() == Program::Kind::send || p.kind() == Program::Kind::receive) {
+        node.peer = p.peer();
+        node.tag = p.tag();
+        node.name =
+            std::string(p.kind() == Program::Kind::send ? "send to IPU " : "receive from IPU ") +
+            std::to_string(p.peer());
+      }
       node.op = p.collective_op();
       if (!p.tensors().empty()) node.dtype = p.tensors()[0].dtype();  // one dtype per node
       for (const Tensor& t : p.tensors()) {
@@ -544,11 +556,37 @@ void Engine::execute(const Node& node) {
       break;
     }
     case Program::Kind::sync:
-      if (node.sync == SyncKind::internal)
+      if (node.sync == SyncKind::internal) {
         account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");
-      else
+      } else {
         account("sync", &CycleBreakdown::sync, arch.sync_cycles_external, "external sync");
+        if (collectives_.external_sync) {
+          const std::uint64_t now = cycles_.total();
+          const std::uint64_t latest = collectives_.external_sync(now);
+          if (latest > now) account("sync", &CycleBreakdown::sync, latest - now, "wait for peers");
+        }
+      }
       break;
+    case Program::Kind::send:
+    case Program::Kind::receive: {
+      if (!collectives_.send || !collectives_.receive)
+        throw std::logic_error("send/receive program run without a fabric binding");
+      staging_.resize(node.bytes);
+      const std::size_t esize = dtype_size(node.dtype);
+      if (node.kind == Program::Kind::send) {
+        gather_pieces(node.pieces, esize, staging_);
+        collectives_.send(node.peer, node.tag, staging_);
+      } else {
+        collectives_.receive(node.peer, node.tag, staging_);
+        scatter_pieces(node.pieces, esize, staging_);
+        const double seconds = collectives_.predict_transfer_seconds
+                                   ? collectives_.predict_transfer_seconds(node.peer, node.bytes)
+                                   : 0.0;
+        account("fabric", &CycleBreakdown::fabric,
+                static_cast<std::uint64_t>(std::ceil(seconds * arch.clock_hz)), node.name);
+      }
+      break;
+    }
     case Program::Kind::stream_to_device:
     case Program::Kind::stream_from_device:
     case Program::Kind::all_reduce: {

@@ -81,6 +81,15 @@ struct TraceEvent {
 struct CollectiveBinding {
   std::function<void(std::span<float>, CollectiveOp)> all_reduce;
   std::function<double(std::size_t bytes)> predict_seconds;
+  // Point-to-point transfers to another IPU (pipeline stages). send must not block on the
+  // receiver (it copies the bytes and completes later); receive blocks until they arrive.
+  std::function<void(unsigned peer, unsigned tag, std::span<const std::byte>)> send;
+  std::function<void(unsigned peer, unsigned tag, std::span<std::byte>)> receive;
+  std::function<double(unsigned peer, std::size_t bytes)> predict_transfer_seconds;
+  // An external sync with the IPUs the device works with: given this device's clock (cycles
+  // so far), returns the latest clock among them; the device waits until then, as on
+  // hardware where a sync across IPUs releases when the slowest arrives.
+  std::function<std::uint64_t(std::uint64_t cycles)> external_sync;
 };
 
 class Engine {

@@ -105,6 +105,22 @@ Program Program::all_reduce(std::vector<Tensor> tensors, CollectiveOp op) {
   return p;
 }
 
+Program Program::send(Tensor src, unsigned peer, unsigned tag) {
+  Program p(Kind::send);
+  p.node_->tensors = {std::move(src)};
+  p.node_->peer = peer;
+  p.node_->tag = tag;
+  return p;
+}
+
+Program Program::receive(Tensor dst, unsigned peer, unsigned tag) {
+  Program p(Kind::receive);
+  p.node_->tensors = {std::move(dst)};
+  p.node_->peer = peer;
+  p.node_->tag = tag;
+  return p;
+}
+
 void Program::add(Program p) {
   if (kind() != Kind::sequence) throw std::logic_error("Program::add on a non-sequence program");
   mutable_node().children.push_back(std::move(p));

@@ -29,7 +29,9 @@ class Program {
     sync,
     stream_to_device,
     stream_from_device,
-    all_reduce
+    all_reduce,
+    send,
+    receive
   };
 
   Program();  // an empty sequence
@@ -48,6 +50,10 @@ class Program {
   static Program stream_from_device(std::string stream, Tensor src);
   // Reduce float32 tensors across the replicas bound to the engine (through the fabric).
   static Program all_reduce(std::vector<Tensor> tensors, CollectiveOp op);
+  // Point-to-point transfers to and from another IPU of the pod through the fabric (pipeline
+  // activations and gradients): the message on channel `tag` must have src's exact size.
+  static Program send(Tensor src, unsigned peer, unsigned tag);
+  static Program receive(Tensor dst, unsigned peer, unsigned tag);
 
   void add(Program p);  // append to a sequence
   Kind kind() const { return node_->kind; }
@@ -59,6 +65,8 @@ class Program {
   CollectiveOp collective_op() const { return node_->op; }
   const std::string& stream() const { return node_->stream; }
   const std::vector<Tensor>& tensors() const { return node_->tensors; }
+  unsigned peer() const { return node_->peer; }
+  unsigned tag() const { return node_->tag; }
 
  private:
   struct Node {
@@ -71,6 +79,7 @@ class Program {
     CollectiveOp op = CollectiveOp::sum;
     std::string stream;
     std::vector<Tensor> tensors;  // stream data, collective data, or the predicate
+    unsigned peer = 0, tag = 0;   // send and receive
   };
   explicit Program(Kind kind);
   Node& mutable_node();
