@@ -68,12 +68,15 @@ def main():
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     throughput_measured, throughput_predicted, scaling = axes
     ipu_counts = sorted({p[0] for points in groups.values() for p in points})
-    for label, points in groups.items():
+    for index, (label, points) in enumerate(groups.items()):
+        color = f"C{index % 10}"  # one colour per group: solid measured, dashed predicted
         ipus = [p[0] for p in points]
-        throughput_measured.plot(ipus, [p[1] for p in points], "o-", label=label)
-        throughput_predicted.plot(ipus, [p[2] for p in points], "s-", label=label)
-        scaling.plot(ipus, efficiency(points, 1), "o-", label=f"{label} measured (emulator)")
-        scaling.plot(ipus, efficiency(points, 2), "s--", label=f"{label} predicted (IPU)")
+        throughput_measured.plot(ipus, [p[1] for p in points], "o-", color=color, label=label)
+        throughput_predicted.plot(ipus, [p[2] for p in points], "s--", color=color, label=label)
+        scaling.plot(ipus, efficiency(points, 1), "o-", color=color,
+                     label=f"{label} measured (emulator)")
+        scaling.plot(ipus, efficiency(points, 2), "s--", color=color,
+                     label=f"{label} predicted (IPU)")
     for ax, title, ylabel in (
             (throughput_measured, "Measured: the emulator on this machine", "samples/s"),
             (throughput_predicted, "Predicted: real IPUs (cycle model)", "samples/s"),
