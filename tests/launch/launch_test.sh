@@ -28,8 +28,18 @@ cat "$work/out.txt"
 check "2-replica run exits 0" test "$code" -eq 0
 check "layout names 3 ranks" grep -q '= 3 ranks; topology pod16' "$work/out.txt"
 check "layout places replica 1 on rank 2" grep -q 'replica 1: rank 2 = IPU 1' "$work/out.txt"
-check "launcher states why it oversubscribes or runs as root, or adds nothing" \
-  grep -q -E 'adding --(oversubscribe|allow-run-as-root)|launcher mpirun' "$work/out.txt"
+# The mpirun flags are added exactly when needed, with the reason.
+if [[ $(id -u) -eq 0 ]]; then
+  check "adds --allow-run-as-root as root" grep -q 'adding --allow-run-as-root: running as root' "$work/out.txt"
+else
+  check "no --allow-run-as-root when not root" bash -c "! grep -q -- --allow-run-as-root '$work/out.txt'"
+fi
+cores=$(lscpu -p=SOCKET,CORE | grep -v '^#' | sort -u | wc -l)
+if ((3 > cores)); then
+  check "adds --oversubscribe for 3 ranks on $cores cores" grep -q "adding --oversubscribe: 3 ranks > $cores cores" "$work/out.txt"
+else
+  check "no --oversubscribe for 3 ranks on $cores cores" bash -c "! grep -q -- --oversubscribe '$work/out.txt'"
+fi
 summary=$work/run/summary.json
 check "summary.json written" test -f "$summary"
 if [[ -f "$summary" ]]; then
