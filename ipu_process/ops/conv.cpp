@@ -280,47 +280,72 @@ void conv_grad_input(const VertexContext& c) {
 
 // Interior output columns [ox, end) of one dy row, 4 at a time: acc[tap * 4 + q] gathers the
 // products of columns q mod 4. Returns the first column not done.
-// Interior output columns [ox, end) of one dy row against kernel row xr (the input row under
-// it), 4 at a time: acc[j * 4 + q] gathers the products of kernel column j at columns q mod 4.
-// KW is the kernel width when known at compile time (the accumulators then stay in
-// registers), 0 for any width. Returns the first column not done.
-template <std::size_t KW, bool Unit>
-std::size_t weight_row_chunks(float* acc, const float* xr, const float* d, std::size_t ox,
-                              std::size_t end, const ConvGeometry& g) {
-  const std::size_t stride = Unit ? 1 : g.sw, kw = KW ? KW : g.kw;
+// Interior output columns [ox, end) of one dy row against the same kernel row of C input
+// channels (xr[c]: the input row under it), 4 columns at a time: acc[c * cstride + j * 4 + q]
+// gathers the products of kernel column j at columns q mod 4. KW is the kernel width when
+// known at compile time (the accumulators then stay in registers), 0 for any width (C = 1).
+// Returns the first column not done.
+template <std::size_t C, std::size_t KW, bool Unit>
+std::size_t weight_row_chunks(float* acc, std::size_t cstride, const float* const* xr,
+                              const float* d, std::size_t ox, std::size_t end,
+                              const ConvGeometry& g) {
+  const std::size_t stride = Unit ? 1 : g.sw;
   if constexpr (KW > 0) {
-    Vec4 a[KW];
-    for (std::size_t j = 0; j < KW; ++j) a[j] = load4(acc + j * 4);
+    Vec4 a[C][KW];
+    for (std::size_t c = 0; c < C; ++c)
+      for (std::size_t j = 0; j < KW; ++j) a[c][j] = load4(acc + c * cstride + j * 4);
     for (; ox + 4 <= end; ox += 4) {
       const Vec4 dv = load4(d + ox);
-      const float* xs = xr + ox * stride - g.pl;
-      for (std::size_t j = 0; j < KW; ++j) a[j] += dv * load4(xs + j * g.dw, stride);
+      for (std::size_t c = 0; c < C; ++c) {
+        const float* xs = xr[c] + ox * stride - g.pl;
+        for (std::size_t j = 0; j < KW; ++j) a[c][j] += dv * load4(xs + j * g.dw, stride);
+      }
     }
-    for (std::size_t j = 0; j < KW; ++j) store4(acc + j * 4, a[j]);
+    for (std::size_t c = 0; c < C; ++c)
+      for (std::size_t j = 0; j < KW; ++j) store4(acc + c * cstride + j * 4, a[c][j]);
   } else {
+    static_assert(C == 1);
     for (; ox + 4 <= end; ox += 4) {
       const Vec4 dv = load4(d + ox);
-      const float* xs = xr + ox * stride - g.pl;
-      for (std::size_t j = 0; j < kw; ++j)
+      const float* xs = xr[0] + ox * stride - g.pl;
+      for (std::size_t j = 0; j < g.kw; ++j)
         store4(acc + j * 4, load4(acc + j * 4) + dv * load4(xs + j * g.dw, stride));
     }
   }
   return ox;
 }
 
+// Dispatches on the kernel width: four channels at once for the common widths, else one.
 template <bool Unit>
-std::size_t weight_chunks(float* acc, const float* xr, const float* d, std::size_t ox,
-                          std::size_t end, const ConvGeometry& g) {
-  switch (g.kw) {
-    case 1:
-      return weight_row_chunks<1, Unit>(acc, xr, d, ox, end, g);
-    case 3:
-      return weight_row_chunks<3, Unit>(acc, xr, d, ox, end, g);
-    case 5:
-      return weight_row_chunks<5, Unit>(acc, xr, d, ox, end, g);
-    default:
-      return weight_row_chunks<0, Unit>(acc, xr, d, ox, end, g);
+std::size_t weight_chunks(float* acc, std::size_t cstride, std::size_t channels,
+                          const float* const* xr, const float* d, std::size_t ox, std::size_t end,
+                          const ConvGeometry& g) {
+  if (channels == 4) switch (g.kw) {
+      case 1:
+        return weight_row_chunks<4, 1, Unit>(acc, cstride, xr, d, ox, end, g);
+      case 3:
+        return weight_row_chunks<4, 3, Unit>(acc, cstride, xr, d, ox, end, g);
+      case 5:
+        return weight_row_chunks<4, 5, Unit>(acc, cstride, xr, d, ox, end, g);
+      default:
+        break;
+    }
+  std::size_t done = ox;
+  for (std::size_t c = 0; c < channels; ++c) {
+    float* ac = acc + c * cstride;
+    switch (g.kw) {
+      case 1:
+        done = weight_row_chunks<1, 1, Unit>(ac, cstride, xr + c, d, ox, end, g);
+        break;
+      case 3:
+        done = weight_row_chunks<1, 3, Unit>(ac, cstride, xr + c, d, ox, end, g);
+        break;
+      default:
+        done = weight_row_chunks<1, 0, Unit>(ac, cstride, xr + c, d, ox, end, g);
+        break;
+    }
   }
+  return done;
 }
 
 // ConvGradWeight: dw[o, c0:c1] summed over the tile's batch and output rows; x local
@@ -335,49 +360,50 @@ void conv_grad_weight(const VertexContext& c) {
                     oy0 = c.size_param(k + 6);
   const float* x = c.region<const float>(0).data();
   const float* dy = c.region<const float>(1).data();
-  const auto cols = column_ranges(g);
-  const auto [lo, hi] = interior(cols, g.ow);
-  const std::size_t taps = g.kh * g.kw;
-  std::vector<float> acc(taps * 4);
-  std::vector<const float*> rows(g.kh);
+  const auto [lo, hi] = interior(column_ranges(g), g.ow);
+  const std::size_t taps = g.kh * g.kw, cstride = taps * 4;
+  constexpr std::size_t kGroup = 4;  // input channels accumulated together
+  std::vector<float> acc(kGroup * cstride);
   for (std::size_t r = 0; r < c.regions(2); ++r) {
     auto out = c.region<float>(2, r);
     const std::size_t o = c.size_param(k + 7 + 4 * r), xoff = c.size_param(k + 8 + 4 * r),
                       c0 = c.size_param(k + 9 + 4 * r), c1 = c.size_param(k + 10 + 4 * r);
-    for (std::size_t ch = c0; ch < c1; ++ch) {
+    for (std::size_t cg = c0; cg < c1; cg += kGroup) {
+      const std::size_t channels = std::min(kGroup, c1 - cg);
       std::fill(acc.begin(), acc.end(), 0.f);
       for (std::size_t b = 0; b < nb; ++b) {
-        const float* xplane = x + ((b * cc + xoff + ch) * hr) * g.w;
         const float* dyplane = dy + (b * ob + o) * oyr * g.ow;
         for (std::size_t oy = oy0; oy < oy0 + oyr; ++oy) {
-          for (std::size_t i = 0; i < g.kh; ++i) {
-            const Index iy = signed_of(oy * g.sh + i * g.dh) - signed_of(g.pt);
-            rows[i] = iy < 0 || iy >= signed_of(g.h)
-                          ? nullptr
-                          : xplane + (static_cast<std::size_t>(iy) - ir0) * g.w;
-          }
           const float* d = dyplane + (oy - oy0) * g.ow;
           for (std::size_t i = 0; i < g.kh; ++i) {
-            if (!rows[i]) continue;
+            const Index iy = signed_of(oy * g.sh + i * g.dh) - signed_of(g.pt);
+            if (iy < 0 || iy >= signed_of(g.h)) continue;
+            const float* xr[kGroup];
+            for (std::size_t q = 0; q < channels; ++q)
+              xr[q] =
+                  x + ((b * cc + xoff + cg + q) * hr + static_cast<std::size_t>(iy) - ir0) * g.w;
             float* ai = acc.data() + i * g.kw * 4;
-            const std::size_t ox = g.sw == 1 ? weight_chunks<true>(ai, rows[i], d, lo, hi, g)
-                                             : weight_chunks<false>(ai, rows[i], d, lo, hi, g);
+            const std::size_t ox =
+                g.sw == 1 ? weight_chunks<true>(ai, cstride, channels, xr, d, lo, hi, g)
+                          : weight_chunks<false>(ai, cstride, channels, xr, d, lo, hi, g);
             // The remaining columns (borders and the interior's tail).
             for (std::size_t col = 0; col < g.ow; ++col) {
               if (col == lo && lo < ox) col = ox;
               if (col >= g.ow) break;
               const auto [j0, j1] = kernel_columns(col, g);
               const std::size_t at = col * g.sw + j0 * g.dw - g.pl;
-              for (std::size_t j = j0; j < j1; ++j)
-                ai[j * 4 + col % 4] += d[col] * rows[i][at + (j - j0) * g.dw];
+              for (std::size_t q = 0; q < channels; ++q)
+                for (std::size_t j = j0; j < j1; ++j)
+                  ai[q * cstride + j * 4 + col % 4] += d[col] * xr[q][at + (j - j0) * g.dw];
             }
           }
         }
       }
-      for (std::size_t t = 0; t < taps; ++t) {
-        const float* a = acc.data() + t * 4;
-        out[(ch - c0) * taps + t] = (a[0] + a[1]) + (a[2] + a[3]);
-      }
+      for (std::size_t q = 0; q < channels; ++q)
+        for (std::size_t t = 0; t < taps; ++t) {
+          const float* a = acc.data() + q * cstride + t * 4;
+          out[(cg + q - c0) * taps + t] = (a[0] + a[1]) + (a[2] + a[3]);
+        }
     }
   }
 }
