@@ -10,5 +10,7 @@ namespace ipupod::pod {
 void add_allreduce_bench(CLI::App& bench, int& exit_code);
 // Host streaming of a real data set to N IPU clients vs a plain sequential HDF5 read loop.
 void add_host_bench(CLI::App& bench, int& exit_code);
+// A float32 GEMM on one emulated IPU vs OpenBLAS cblas_sgemm; compile time of ResNet-50's layers.
+void add_matmul_bench(CLI::App& bench, int& exit_code);
 
 }  // namespace ipupod::pod

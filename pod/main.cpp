@@ -99,6 +99,7 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   ipupod::pod::add_allreduce_bench(*bench, bench_exit_code);
   ipupod::pod::add_host_bench(*bench, bench_exit_code);
+  ipupod::pod::add_matmul_bench(*bench, bench_exit_code);
 
   try {
     app.parse(argc, argv);

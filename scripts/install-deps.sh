@@ -19,6 +19,7 @@ packages=(
   libncarg-data                       # real climate fields: CMIP5 MPI-ESM-LR tas and more (netCDF)
   libstb-dev                          # stb_image: decoding the JPEG/PNG photographs
   plasma-workspace-wallpapers         # real photographs for the super-resolution pairs
+  libopenblas-dev                     # OpenBLAS: the peer GEMM of `ipupod bench matmul`
   slurm-wlm munge                     # the Slurm test brings up a single-node Slurm cluster
   slurm-wlm-basic-plugins             # srun --mpi=pmix (mpi_pmix.so) for Open MPI jobs
   python3-matplotlib                  # scripts/scaling/plot.py: scaling plots
