@@ -3,13 +3,13 @@
 #include "host/dataset.hpp"
 
 #include <fcntl.h>
-#include <sys/uio.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
@@ -39,51 +39,15 @@ std::string supported_dtypes() {
   return "float32, float16, int32, uint32, uint8";
 }
 
-// Unneeded rows between two needed ones are read into a scratch buffer rather than splitting the
-// read, up to this many bytes: one system call costs about as much as copying this much.
-constexpr std::size_t kMaxGapBytes = 64 * 1024;
 // Rows per HDF5 read on the fallback path (bounds the staging buffer).
 constexpr std::size_t kMaxStagingBytes = 4 * 1024 * 1024;
-#ifdef IOV_MAX
-constexpr std::size_t kMaxIovecs = IOV_MAX;
-#else
-constexpr std::size_t kMaxIovecs = 1024;
-#endif
-
 struct ArrayIn {
   h5::Dataset dataset;
   ArraySpec spec;
-  bool direct = false;  // rows are read with preadv at the offsets in `layout`
+  bool direct = false;  // rows are copied from the file's mapping at the offsets in `layout`
   h5::RowLayout layout;
+  std::uint64_t end_offset = 0;  // just past the last byte of the last row in the file
 };
-
-// preadv until every iovec is filled; partial reads continue where they stopped.
-void preadv_all(int fd, std::vector<iovec>& iov, off_t offset, const std::string& what) {
-  std::size_t first = 0;
-  while (first < iov.size()) {
-    const int count = static_cast<int>(std::min(iov.size() - first, kMaxIovecs));
-    const ssize_t got = ::preadv(fd, iov.data() + first, count, offset);
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      throw DatasetError("cannot read " + what + ": " + std::strerror(errno));
-    }
-    if (got == 0) {
-      throw DatasetError("cannot read " + what + ": the file ends early (truncated?)");
-    }
-    auto left = static_cast<std::size_t>(got);
-    offset += got;
-    while (left > 0 && first < iov.size()) {
-      if (left >= iov[first].iov_len) {
-        left -= iov[first].iov_len;
-        ++first;
-      } else {
-        iov[first].iov_base = static_cast<std::byte*>(iov[first].iov_base) + left;
-        iov[first].iov_len -= left;
-        left = 0;
-      }
-    }
-  }
-}
 
 struct SplitIn {
   h5::Group group;
@@ -104,9 +68,15 @@ struct DatasetFile::Impl {
   std::string path;
   h5::File file;
   std::map<std::string, SplitIn> splits;
-  int fd = -1;  // for direct reads; -1 if every array goes through HDF5
+  // Direct reads copy rows out of a read-only mapping of the whole file: no system call per
+  // sample, and after the first epoch no page faults either. -1 / nullptr if every array goes
+  // through HDF5.
+  int fd = -1;
+  const std::byte* map = nullptr;
+  std::size_t map_bytes = 0;
 
   ~Impl() {
+    if (map) ::munmap(const_cast<std::byte*>(map), map_bytes);
     if (fd >= 0) ::close(fd);
   }
 
@@ -169,20 +139,32 @@ struct DatasetFile::Impl {
   void enable_direct_reads() {
     fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return;  // HDF5 could open it, so reads through HDF5 still work
+    struct stat status {};
+    if (::fstat(fd, &status) != 0 || status.st_size <= 0) return;
+    // MAP_POPULATE maps the pages the page cache already holds at once, instead of one fault
+    // per few pages on first touch (a fault costs far more than copying its page).
+    void* mapped = ::mmap(nullptr, static_cast<std::size_t>(status.st_size), PROT_READ,
+                          MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (mapped == MAP_FAILED) return;
+    map = static_cast<const std::byte*>(mapped);
+    map_bytes = static_cast<std::size_t>(status.st_size);
     for (auto& [name, split] : splits) {
       for (ArrayIn* array : {&split.inputs, &split.targets}) {
         if (!array->dataset.direct_row_layout(array->spec.dtype, array->layout)) continue;
-        const std::size_t row_bytes = array->layout.row_bytes;
-        if (row_bytes == 0) continue;
-        std::vector<std::byte> through_hdf5(row_bytes), direct(row_bytes);
-        array->dataset.read_rows(0, 1, array->spec.dtype, through_hdf5.data());
-        std::vector<iovec> iov{{direct.data(), row_bytes}};
-        try {
-          preadv_all(fd, iov, static_cast<off_t>(array->layout.block_offsets[0]), "a row");
-        } catch (const DatasetError&) {
-          continue;
+        const h5::RowLayout& layout = array->layout;
+        if (layout.row_bytes == 0 || layout.rows_per_block == 0) continue;
+        std::uint64_t end = 0;
+        for (std::size_t block = 0; block < layout.block_offsets.size(); ++block) {
+          const std::size_t rows =
+              std::min(layout.rows_per_block, split.samples - block * layout.rows_per_block);
+          end = std::max<std::uint64_t>(end, layout.block_offsets[block] + rows * layout.row_bytes);
         }
-        array->direct = through_hdf5 == direct;
+        if (end > map_bytes) continue;
+        array->end_offset = end;
+        std::vector<std::byte> through_hdf5(layout.row_bytes);
+        array->dataset.read_rows(0, 1, array->spec.dtype, through_hdf5.data());
+        array->direct =
+            std::memcmp(through_hdf5.data(), map + layout.block_offsets[0], layout.row_bytes) == 0;
       }
     }
   }
@@ -204,55 +186,41 @@ struct DatasetFile::Impl {
     check_reads(in, split_name, reads);
     if (reads.empty()) return;
     const ArrayIn& array = Impl::array(in, field);
+    if (array.direct) {
+      read_mapped(array,
+                  "'/" + split_name + "/" + std::string(field_name(field)) + "' of '" + path + "'",
+                  reads);
+      return;
+    }
     std::vector<SampleRead> sorted(reads.begin(), reads.end());
     std::stable_sort(sorted.begin(), sorted.end(),
                      [](const SampleRead& a, const SampleRead& b) { return a.index < b.index; });
     const std::size_t row_bytes =
         shape_elements(array.spec.sample_shape) * dtype_size(array.spec.dtype);
     if (row_bytes == 0) return;
-    if (array.direct) {
-      read_direct(array,
-                  "'/" + split_name + "/" + std::string(field_name(field)) + "' of '" + path + "'",
-                  sorted, row_bytes);
-    } else {
-      read_through_hdf5(array, sorted, row_bytes);
-    }
+    read_through_hdf5(array, sorted, row_bytes);
   }
 
-  // Ranges of nearby rows inside one block (chunk), each with one preadv that scatters the
-  // needed rows to their destinations and the rows in between to a scratch buffer.
-  void read_direct(const ArrayIn& array, const std::string& what,
-                   const std::vector<SampleRead>& sorted, std::size_t row_bytes) const {
-    const h5::RowLayout& layout = array.layout;
-    const std::size_t max_gap_rows = kMaxGapBytes / row_bytes;
-    std::vector<std::byte> scratch(max_gap_rows * row_bytes);
-    std::vector<iovec> iov;
-    std::vector<std::pair<std::byte*, const std::byte*>> repeats;  // {to, from} after the reads
-    for (std::size_t k = 0; k < sorted.size();) {
-      const std::size_t first = sorted[k].index;
-      const std::size_t block = first / layout.rows_per_block;
-      const std::size_t block_end = (block + 1) * layout.rows_per_block;
-      iov.clear();
-      std::size_t next_row = first;
-      std::size_t j = k;
-      for (; j < sorted.size() && sorted[j].index < block_end; ++j) {
-        const std::size_t index = sorted[j].index;
-        if (index + 1 == next_row && j > k) {  // the same sample again
-          repeats.emplace_back(sorted[j].out, sorted[j - 1].out);
-          continue;
-        }
-        const std::size_t gap = index - next_row;
-        if (gap > max_gap_rows || iov.size() + 2 > kMaxIovecs) break;
-        if (gap > 0) iov.push_back({scratch.data(), gap * row_bytes});
-        iov.push_back({sorted[j].out, row_bytes});
-        next_row = index + 1;
-      }
-      const std::uint64_t offset =
-          layout.block_offsets[block] + (first - block * layout.rows_per_block) * row_bytes;
-      preadv_all(fd, iov, static_cast<off_t>(offset), what);
-      k = j;
+  // One copy per row out of the mapping, in the order asked (repeats included).
+  void read_mapped(const ArrayIn& array, const std::string& what,
+                   std::span<const SampleRead> reads) const {
+    // Touching a mapped page past the end of a file that shrank would kill the process with
+    // SIGBUS; a file changed under a running job is reported instead.
+    struct stat status {};
+    if (::fstat(fd, &status) != 0 ||
+        static_cast<std::uint64_t>(status.st_size) < array.end_offset) {
+      throw DatasetError("cannot read " + what + ": the file is now " +
+                         std::to_string(status.st_size) + " bytes, it needs " +
+                         std::to_string(array.end_offset) +
+                         " (was it truncated or rewritten while the job ran?)");
     }
-    for (const auto& [to, from] : repeats) std::memcpy(to, from, row_bytes);
+    const h5::RowLayout& layout = array.layout;
+    for (const SampleRead& read : reads) {
+      const std::size_t block = read.index / layout.rows_per_block;
+      const std::uint64_t offset = layout.block_offsets[block] +
+                                   (read.index - block * layout.rows_per_block) * layout.row_bytes;
+      std::memcpy(read.out, map + offset, layout.row_bytes);
+    }
   }
 
   // Runs of consecutive rows, one HDF5 read each into a staging buffer, then scattered.

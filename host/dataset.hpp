@@ -67,9 +67,9 @@ class DatasetFile {
   HostArray read_targets(const std::string& split, std::span<const std::size_t> indices) const;
 
   // Reads samples of /<split>/<field> into the caller's memory, in any order, repeats allowed;
-  // safe to call from several threads. Uncompressed data is read straight from the file (one
-  // preadv per range of nearby rows inside one chunk, scattered into `out` by the kernel);
-  // compressed data goes through HDF5 in runs of consecutive rows.
+  // safe to call from several threads. Uncompressed data is copied row by row out of a read-only
+  // mapping of the file (no system call per sample); compressed data goes through HDF5 in runs
+  // of consecutive rows.
   void read_samples(const std::string& split, Field field, std::span<const SampleRead> reads) const;
   // True if read_samples bypasses the HDF5 library for that array (for tests and benchmarks).
   bool reads_directly(const std::string& split, Field field) const;

@@ -88,7 +88,7 @@ class Dataspace : public Handle {
 };
 
 // Where the rows (samples) of an uncompressed dataset lie in its file, so that reads can bypass the
-// HDF5 library (one preadv per range of rows, straight into the caller's buffers). Rows are
+// HDF5 library (copied straight from a mapping of the file into the caller's buffers). Rows are
 // stored in blocks of `rows_per_block` consecutive rows -- the chunks, or one block for a
 // contiguous dataset -- and the bytes of a row never straddle two blocks.
 struct RowLayout {

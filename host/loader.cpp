@@ -98,7 +98,9 @@ class Loader::Prefetcher {
  public:
   explicit Prefetcher(const Loader& loader)
       : loader_(loader), cursor_(loader.config().replicas, 0) {
-    thread_ = std::thread([this] { run(); });
+    // Several readers take the next unclaimed step each; a step is read by exactly one of them.
+    for (std::size_t t = 0; t < std::max<std::size_t>(1, loader.config().reader_threads); ++t)
+      threads_.emplace_back([this] { run(); });
   }
   ~Prefetcher() {
     {
@@ -106,7 +108,7 @@ class Loader::Prefetcher {
       stop_ = true;
     }
     changed_.notify_all();
-    thread_.join();
+    for (std::thread& thread : threads_) thread.join();
   }
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
@@ -212,7 +214,7 @@ class Loader::Prefetcher {
   std::uint64_t next_ = 0;                    // the next position the reader reads
   std::vector<std::uint64_t> cursor_;         // per replica: 1 + the last position asked for
   bool stop_ = false;
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
 
 // ---------------------------------------------------------------- Loader
@@ -329,8 +331,13 @@ std::vector<Batch> Loader::read_batches(std::size_t epoch, std::size_t step,
     batch.epoch = epoch;
     batch.step = step;
     batch.replica = replicas[b];
-    batch.inputs = HostArray::zeros(info_.inputs.dtype, with_samples(info_.inputs));
-    batch.targets = HostArray::zeros(info_.targets.dtype, with_samples(info_.targets));
+    // Every byte is overwritten by the gather below, so recycled buffers need no clearing.
+    batch.inputs.dtype = info_.inputs.dtype;
+    batch.inputs.shape = with_samples(info_.inputs);
+    batch.inputs.bytes = take_buffer(per_batch * input_bytes);
+    batch.targets.dtype = info_.targets.dtype;
+    batch.targets.shape = with_samples(info_.targets);
+    batch.targets.bytes = take_buffer(per_batch * target_bytes);
     indices[b].resize(per_batch);
     for (std::size_t k = 0; k < per_batch; ++k) {
       const std::size_t position = step * per_batch + k;
@@ -355,6 +362,32 @@ std::vector<Batch> Loader::read_batches(std::size_t epoch, std::size_t step,
     }
   }
   return batches;
+}
+
+std::vector<std::byte> Loader::take_buffer(std::size_t bytes) const {
+  {
+    std::lock_guard<std::mutex> guard(spare_mutex_);
+    for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+      if (it->size() == bytes) {
+        std::vector<std::byte> buffer = std::move(*it);
+        *it = std::move(spare_.back());
+        spare_.pop_back();
+        return buffer;
+      }
+    }
+  }
+  return std::vector<std::byte>(bytes);
+}
+
+void Loader::recycle(Batch&& batch) const {
+  // Enough for the prefetch window and the batches the feeders hold, both arrays.
+  const std::size_t keep = 2 * config_.replicas * (config_.prefetch_steps + 2);
+  std::lock_guard<std::mutex> guard(spare_mutex_);
+  for (HostArray* array : {&batch.inputs, &batch.targets}) {
+    if (array->bytes.empty() || spare_.size() >= keep) continue;
+    spare_.push_back(std::move(array->bytes));
+    array->bytes.clear();
+  }
 }
 
 Batch Loader::batch(std::size_t epoch, std::size_t step, std::size_t replica) const {

@@ -28,6 +28,9 @@ struct LoaderConfig {
   // Host steps (every replica's batch of a step) a background reader keeps ready ahead of the
   // batch() calls; 0 reads synchronously inside batch(). Memory: prefetch_steps global batches.
   std::size_t prefetch_steps = 2;
+  // Background reader threads (with prefetch_steps > 0): each reads whole steps, so more than one
+  // keeps up when copying samples out of the file is slower than streaming them on.
+  std::size_t reader_threads = 1;
   // NaN or infinity in a float array of a batch is a DatasetError naming split, sample, element.
   bool check_finite = true;
 };
@@ -70,6 +73,11 @@ class Loader {
   // Safe to call from several threads (e.g. one feeder per replica).
   Batch batch(std::size_t epoch, std::size_t step, std::size_t replica) const;
 
+  // Gives a batch's buffers back once its data has been sent or copied: later batches are read
+  // into them instead of into freshly allocated memory, whose first touch costs a page fault
+  // per 4 KiB. Optional; a batch that is never given back is simply freed.
+  void recycle(Batch&& batch) const;
+
   // Counters for tests and benchmarks: batches handed out from the prefetched window, and
   // batches read synchronously in batch().
   struct Stats {
@@ -97,6 +105,10 @@ class Loader {
   mutable std::shared_ptr<const std::vector<std::size_t>> cached_order_;
   mutable std::size_t previous_epoch_ = 0;
   mutable std::shared_ptr<const std::vector<std::size_t>> previous_order_;
+  // A buffer of exactly `bytes` bytes, from the recycled ones when one fits.
+  std::vector<std::byte> take_buffer(std::size_t bytes) const;
+  mutable std::mutex spare_mutex_;
+  mutable std::vector<std::vector<std::byte>> spare_;
   mutable std::mutex stats_mutex_;
   mutable Stats stats_;
   std::unique_ptr<Prefetcher> prefetcher_;  // last: stopped before the rest is destroyed

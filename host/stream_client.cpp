@@ -84,6 +84,12 @@ StreamClient::~StreamClient() {
 }
 
 Frame StreamClient::receive() {
+  Frame frame;
+  receive(frame);
+  return frame;
+}
+
+void StreamClient::receive(Frame& frame) {
   if (impl_->closed) throw StreamError("StreamClient::receive: the client is closed");
   detail::Connection& connection = *impl_->connection;
   WireFrame wire = connection.pop(impl_->config.timeout, "a data frame");
@@ -92,10 +98,11 @@ Frame StreamClient::receive() {
                       "' frame from the host where a data frame was expected");
   }
   connection.write(FrameKind::credit, Frame{0, 1, {DType::u8, {0}, {}}});
-  return std::move(wire.frame);
+  connection.recycle(std::move(frame.array.bytes));
+  frame = std::move(wire.frame);
 }
 
-void StreamClient::send(const Frame& frame) {
+void StreamClient::send(const FrameView& frame) {
   if (impl_->closed) throw StreamError("StreamClient::send: the client is closed");
   impl_->connection->write(FrameKind::data, frame);
 }

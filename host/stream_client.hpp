@@ -33,8 +33,12 @@ class StreamClient {
 
   // Next host-to-device frame in send order; grants one credit back once it is taken.
   Frame receive();
+  // The same into `frame`, whose previous payload buffer is handed back to the connection for a
+  // later frame: a loop that receives into one Frame allocates nothing in the steady state.
+  void receive(Frame& frame);
   // Device-to-host.
-  void send(const Frame& frame);
+  void send(const FrameView& frame);
+  void send(const Frame& frame) { send(FrameView(frame)); }
   // Says goodbye and closes. Idempotent; the destructor calls it.
   void close();
 

@@ -40,7 +40,9 @@ void Connection::read_loop() {
   try {
     const ReadExact read = [this](std::span<std::byte> buffer) { read_exact(buffer); };
     for (;;) {
-      WireFrame wire = read_frame(read, authenticated_ ? kMaxPayloadBytes : kMaxHelloPayloadBytes);
+      const PayloadBuffer buffer = [this](std::size_t bytes) { return payload_buffer(bytes); };
+      WireFrame wire =
+          read_frame(read, authenticated_ ? kMaxPayloadBytes : kMaxHelloPayloadBytes, buffer);
       std::lock_guard<std::mutex> guard(mutex_);
       if (wire.kind == FrameKind::credit) {
         credits_ += wire.frame.step;
@@ -89,11 +91,41 @@ void Connection::throw_ended(const std::string& doing) {
   throw StreamError(doing + " " + peer_ + ": " + end_reason_);
 }
 
-void Connection::write(FrameKind kind, const Frame& frame) {
+std::vector<std::byte> Connection::payload_buffer(std::size_t bytes) {
+  std::vector<std::byte> buffer;
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    // A spare of exactly this size needs no resize (so no zero fill); else any large enough one.
+    auto best = spare_.end();
+    for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+      if (it->size() == bytes) {
+        best = it;
+        break;
+      }
+      if (it->capacity() >= bytes && (best == spare_.end() || it->capacity() < best->capacity()))
+        best = it;
+    }
+    if (best != spare_.end()) {
+      buffer = std::move(*best);
+      *best = std::move(spare_.back());
+      spare_.pop_back();
+    }
+  }
+  buffer.resize(bytes);
+  return buffer;
+}
+
+void Connection::recycle(std::vector<std::byte>&& buffer) {
+  if (buffer.capacity() == 0) return;
+  std::lock_guard<std::mutex> guard(mutex_);
+  if (spare_.size() < kSpareBuffers) spare_.push_back(std::move(buffer));
+}
+
+void Connection::write(FrameKind kind, const FrameView& frame) {
   const std::vector<std::byte> head = encode_frame_head(kind, frame);
-  const std::uint32_t trailer = frame_trailer(head, frame.array.bytes);
+  const std::uint32_t trailer = frame_trailer(head, frame.bytes);
   const std::array<boost::asio::const_buffer, 3> pieces = {
-      boost::asio::buffer(head), boost::asio::buffer(frame.array.bytes),
+      boost::asio::buffer(head), boost::asio::buffer(frame.bytes.data(), frame.bytes.size()),
       boost::asio::buffer(&trailer, sizeof(trailer))};
   std::lock_guard<std::mutex> guard(write_mutex_);
   {
@@ -107,7 +139,8 @@ void Connection::write(FrameKind kind, const Frame& frame) {
 
 void Connection::write_close(const std::string& reason) noexcept {
   try {
-    write(FrameKind::close, Frame{0, 0, text_array(reason)});
+    const Frame close{0, 0, text_array(reason)};
+    write(FrameKind::close, close);
   } catch (...) {
     // The peer may already be gone; closing is best effort.
   }

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "host/stream_protocol.hpp"
 
@@ -20,6 +21,9 @@ namespace ipupod::host::detail {
 // Before the peer has authenticated, frames larger than this are refused (a hello only carries
 // the secret), so an unauthenticated peer cannot make us allocate much.
 inline constexpr std::uint64_t kMaxHelloPayloadBytes = 4096;
+// Payload buffers a connection keeps for reuse: enough for the frames a client's credits let
+// through of each stream (inputs and labels) plus the ones being consumed.
+inline constexpr std::size_t kSpareBuffers = 32;
 
 class Connection {
  public:
@@ -45,7 +49,7 @@ class Connection {
 
   // Writes one frame, the payload straight from `frame` (no copy); StreamError if the
   // connection is gone.
-  void write(FrameKind kind, const Frame& frame);
+  void write(FrameKind kind, const FrameView& frame);
   // Best effort: tells the peer why we are closing; never throws.
   void write_close(const std::string& reason) noexcept;
 
@@ -55,6 +59,10 @@ class Connection {
   // Waits until the peer has granted a credit and consumes it (same errors as pop).
   void take_credit(std::chrono::milliseconds timeout);
   std::uint64_t credits() const;
+  // Gives back the payload buffer of a frame the caller has finished with; the reader thread
+  // fills it with a later frame of the same size instead of allocating (and page-faulting) a
+  // fresh one. At most kSpareBuffers are kept.
+  void recycle(std::vector<std::byte>&& buffer);
 
   // Shuts the socket down, joins the reader thread and closes. Idempotent.
   void shutdown() noexcept;
@@ -62,6 +70,7 @@ class Connection {
  private:
   void read_loop();
   void read_exact(std::span<std::byte> buffer);
+  std::vector<std::byte> payload_buffer(std::size_t bytes);
   void end(const std::string& reason);
   [[noreturn]] void throw_ended(const std::string& doing);
 
@@ -74,6 +83,7 @@ class Connection {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<WireFrame> queue_;
+  std::vector<std::vector<std::byte>> spare_;
   std::uint64_t credits_ = 0;
   bool ended_ = false;
   std::string end_reason_;

@@ -71,22 +71,49 @@ struct WireFrame {
   Frame frame;
 };
 
+// A frame whose array lies elsewhere (e.g. one micro-batch of a larger host batch): what a
+// writer needs to send it without copying the payload first.
+struct FrameView {
+  std::uint16_t stream = 0;
+  std::uint64_t step = 0;
+  DType dtype = DType::f32;
+  std::span<const std::size_t> shape;
+  std::span<const std::byte> bytes;
+
+  FrameView() = default;
+  FrameView(const Frame& frame)  // NOLINT(google-explicit-constructor): a frame is its own view
+      : stream(frame.stream),
+        step(frame.step),
+        dtype(frame.array.dtype),
+        shape(frame.array.shape),
+        bytes(frame.array.bytes) {}
+  FrameView(std::uint16_t stream_id, std::uint64_t step_number, DType type,
+            std::span<const std::size_t> dims, std::span<const std::byte> payload)
+      : stream(stream_id), step(step_number), dtype(type), shape(dims), bytes(payload) {}
+};
+
 // The bytes of one frame. Throws StreamError if the array breaks a bound or its byte count
 // disagrees with its shape.
+std::vector<std::byte> encode_frame(FrameKind kind, const FrameView& frame);
 std::vector<std::byte> encode_frame(FrameKind kind, const Frame& frame);
 // The same frame in three pieces so that a writer can send the payload from where it lies
-// (gather write) instead of copying it: head (header and dims), frame.array.bytes, trailer.
-std::vector<std::byte> encode_frame_head(FrameKind kind, const Frame& frame);
+// (gather write) instead of copying it: head (header and dims), frame.bytes, trailer.
+std::vector<std::byte> encode_frame_head(FrameKind kind, const FrameView& frame);
 std::uint32_t frame_trailer(std::span<const std::byte> head, std::span<const std::byte> payload);
 
 // Fills exactly `buffer.size()` bytes or throws (StreamError on end of stream).
 using ReadExact = std::function<void(std::span<std::byte> buffer)>;
+// Returns a buffer of exactly `bytes` bytes for a payload (its contents are overwritten), e.g.
+// one taken from a pool of buffers earlier frames no longer use.
+using PayloadBuffer = std::function<std::vector<std::byte>(std::size_t bytes)>;
 
 // Reads and validates one frame: magic, version, kind, dtype, rank, reserved byte, payload bound
 // (`max_payload_bytes`, at most kMaxPayloadBytes), payload == product(dims) * dtype size, then
-// the CRC. Throws FrameError naming the failed check (StreamError if `read` fails); allocates
-// only after the checks that bound the allocation have passed.
-WireFrame read_frame(const ReadExact& read, std::uint64_t max_payload_bytes = kMaxPayloadBytes);
+// the CRC. Throws FrameError naming the failed check (StreamError if `read` fails); asks
+// `buffer` (or allocates) only after the checks that bound the allocation have passed. The
+// payload is read and checksummed in pieces, each while it is still in the CPU's cache.
+WireFrame read_frame(const ReadExact& read, std::uint64_t max_payload_bytes = kMaxPayloadBytes,
+                     const PayloadBuffer& buffer = {});
 
 // read_frame over a buffer that must hold exactly one frame.
 WireFrame decode_frame(std::span<const std::byte> bytes,

@@ -199,7 +199,7 @@ void StreamServer::accept_clients() {
   }
 }
 
-void StreamServer::send(std::size_t client, const Frame& frame) {
+void StreamServer::send(std::size_t client, const FrameView& frame) {
   detail::Connection& connection = impl_->client(client, "send");
   connection.take_credit(impl_->config.timeout);
   connection.write(FrameKind::data, frame);

@@ -44,7 +44,8 @@ class StreamServer {
   // logged and sent to the client) and the server keeps waiting; StreamError on overall timeout.
   void accept_clients();
   // Blocks while that client has no credit left; StreamError if it is gone or on timeout.
-  void send(std::size_t client, const Frame& frame);
+  void send(std::size_t client, const FrameView& frame);
+  void send(std::size_t client, const Frame& frame) { send(client, FrameView(frame)); }
   // Next device-to-host frame from that client; StreamError on corrupt frame, disconnect, timeout.
   Frame receive(std::size_t client);
   // Credits the client has granted and the server has not yet spent (for tests and diagnostics).

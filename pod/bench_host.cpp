@@ -30,6 +30,7 @@ struct HostBenchOptions {
   std::size_t clients = 4;
   std::size_t samples_per_step = 256;
   std::size_t prefetch_steps = 4;
+  std::size_t reader_threads = 1;
   std::size_t credits = 8;
   std::size_t runs = 5;
   double device_ms_per_step = 0;
@@ -131,7 +132,8 @@ StreamResult stream_epoch(const HostBenchOptions& o) {
                        .samples_per_step = o.samples_per_step,
                        .shuffle = o.shuffle,
                        .seed = o.seed,
-                       .prefetch_steps = o.prefetch_steps});
+                       .prefetch_steps = o.prefetch_steps,
+                       .reader_threads = o.reader_threads});
   const std::size_t steps = loader.steps_per_epoch();
   std::vector<std::thread> feeders;
   std::vector<std::exception_ptr> failures(2 * o.clients);
@@ -139,9 +141,10 @@ StreamResult stream_epoch(const HostBenchOptions& o) {
     feeders.emplace_back([&, r] {
       try {
         for (std::size_t s = 0; s < steps; ++s) {
-          const host::Batch batch = loader.batch(0, s, r);
+          host::Batch batch = loader.batch(0, s, r);
           server.send(r, {kInputStream, s, batch.inputs});
           server.send(r, {kTargetStream, s, batch.targets});
+          loader.recycle(std::move(batch));
         }
       } catch (...) {
         failures[r] = std::current_exception();
@@ -157,20 +160,18 @@ StreamResult stream_epoch(const HostBenchOptions& o) {
   for (std::size_t c = 0; c < o.clients; ++c) {
     devices.emplace_back([&, c] {
       try {
-        std::vector<std::byte> device;
+        host::Frame frame;
         for (std::size_t s = 0; s < steps; ++s) {
           for (std::uint16_t stream : {kInputStream, kTargetStream}) {
             const auto asked = Clock::now();
-            const host::Frame frame = clients[c]->receive();
+            clients[c]->receive(frame);
             waited[c] += seconds_since(asked);
             if (frame.stream != stream || frame.step != s) {
               throw std::runtime_error("client " + std::to_string(c) + " got stream " +
                                        std::to_string(frame.stream) + " step " +
                                        std::to_string(frame.step) + " out of order");
             }
-            device.resize(frame.array.bytes.size());
-            std::memcpy(device.data(), frame.array.bytes.data(), device.size());
-            received[c] += device.size();
+            received[c] += frame.array.bytes.size();
           }
           if (o.device_ms_per_step > 0) {
             std::this_thread::sleep_for(
@@ -224,8 +225,9 @@ int run_host_bench(const HostBenchOptions& o) {
               << host::shape_string(info.inputs.sample_shape) << "; " << o.clients
               << " clients over loopback TCP, " << o.samples_per_step
               << " samples per replica step, " << (o.shuffle ? "shuffled" : "in file order")
-              << ", prefetch " << o.prefetch_steps << " steps, " << o.credits << " credits; reads "
-              << (file.reads_directly(o.split, host::Field::inputs) ? "direct (preadv)"
+              << ", prefetch " << o.prefetch_steps << " steps by " << o.reader_threads
+              << " threads, " << o.credits << " credits; reads "
+              << (file.reads_directly(o.split, host::Field::inputs) ? "directly (mapped file)"
                                                                     : "through HDF5")
               << "; " << o.runs << " runs" << std::endl;
   } catch (const host::DatasetError& e) {
@@ -291,6 +293,9 @@ void add_host_bench(CLI::App& bench, int& exit_code) {
       ->capture_default_str();
   host->add_option("--prefetch-steps", options->prefetch_steps,
                    "Host steps the loader reads ahead (0: synchronous reads)")
+      ->capture_default_str();
+  host->add_option("--reader-threads", options->reader_threads,
+                   "Loader threads reading steps ahead (with --prefetch-steps > 0)")
       ->capture_default_str();
   host->add_option("--credits", options->credits, "Frames each client lets the host send ahead")
       ->capture_default_str();

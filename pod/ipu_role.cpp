@@ -1,7 +1,9 @@
 // The IPU ranks of a training job: compile the model onto the emulated IPU, take batches from
 // the host's TCP streams, all-reduce gradients over the fabric, send losses and reports back.
 #include <cstring>
+#include <deque>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
 #include "fabric/collectives.hpp"
@@ -17,6 +19,9 @@
 
 namespace ipupod::pod {
 namespace {
+
+// Tag of the memory reports later pipeline stages send to the first (above every transfer's).
+constexpr int kStageReportTag = 32000;
 
 host::HostArray array_of(host::DType dtype, std::vector<std::size_t> shape,
                          std::span<const std::byte> bytes) {
@@ -60,6 +65,9 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
   const int replica = static_cast<int>((rank - 1) / config.stages);
   MPI_Comm replicas_comm = MPI_COMM_NULL;
   MPI_Comm_split(world, startup.status == 0 ? stage : MPI_UNDEFINED, rank, &replicas_comm);
+  // This replica's pipeline, ranked by stage (activations, gradients, cross-IPU syncs).
+  MPI_Comm pipeline_comm = MPI_COMM_NULL;
+  MPI_Comm_split(world, startup.status == 0 ? replica : MPI_UNDEFINED, stage, &pipeline_comm);
   if (startup.status != 0) return startup.status;
 
   const ipu::ArchPreset& arch = ipu::ArchPreset::get(config.arch);
@@ -70,15 +78,21 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
   options.hidden = config.hidden;
   options.learning_rate = config.learning_rate;
   options.width = config.width;
+  options.pipeline_stages = config.stages;
   options.seed = config.seed;
   const models::Model model = models::build_model(config.model, options);
   // Evaluation uses the inference-mode model (running statistics, no dropout), same weights.
   models::ModelOptions eval_options = options;
   eval_options.training = false;
   const models::Model eval_model = models::build_model(config.model, eval_options);
-  CompiledModel compiled = compile_for_ipu(
-      model, arch, {config.gradient_accumulation, config.device_iterations, config.replicas},
-      &eval_model);
+  CompiledModel compiled = compile_for_ipu(model, arch,
+                                           {.gradient_accumulation = config.gradient_accumulation,
+                                            .device_iterations = config.device_iterations,
+                                            .replicas = config.replicas,
+                                            .stages = config.stages,
+                                            .stage = static_cast<std::size_t>(stage),
+                                            .grouped = config.pipeline_schedule == "grouped"},
+                                           &eval_model);
   ipu::Engine engine(*compiled.graph, compiled.programs,
                      {.allow_out_of_memory = config.allow_out_of_memory,
                       .threads = 1,
@@ -95,22 +109,25 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
   }
 
   const auto timeout = std::chrono::milliseconds(static_cast<long>(config.timeout_s * 1000));
-  host::StreamClient client({.address = startup.address,
-                             .port = startup.port,
-                             .secret = startup.secret,
-                             .client_id = static_cast<std::size_t>(replica),
-                             .credits = 8,
-                             .timeout = timeout});
+  // The host streams to and from the first stage of each replica only.
+  std::optional<host::StreamClient> client;
+  if (stage == 0)
+    client.emplace(host::ClientConfig{.address = startup.address,
+                                      .port = startup.port,
+                                      .secret = startup.secret,
+                                      .client_id = static_cast<std::size_t>(replica),
+                                      .credits = 8,
+                                      .timeout = timeout});
   std::uint64_t step = 0;
   engine.connect_input_stream(
-      kInputStream, [&](std::span<std::byte> dst) { take_frame(client, kInputFrames, dst); });
+      kInputStream, [&](std::span<std::byte> dst) { take_frame(*client, kInputFrames, dst); });
   engine.connect_input_stream(
-      kLabelStream, [&](std::span<std::byte> dst) { take_frame(client, kLabelFrames, dst); });
+      kLabelStream, [&](std::span<std::byte> dst) { take_frame(*client, kLabelFrames, dst); });
   engine.connect_output_stream(kLossStream, [&](std::span<const std::byte> src) {
-    client.send({kLossFrames, step, array_of(host::DType::f32, {}, src)});
+    client->send({kLossFrames, step, array_of(host::DType::f32, {}, src)});
   });
   engine.connect_output_stream(kLogitsStream, [&](std::span<const std::byte> src) {
-    client.send(
+    client->send(
         {kLogitsFrames, step, array_of(host::DType::f32, compiled.eval_logits.shape(), src)});
   });
 
@@ -124,19 +141,69 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
   fabric::CollectiveOptions collective_options;
   collective_options.topology = &topology;
   collective_options.ipus = ring;
-  engine.bind_collectives(
-      {[&](std::span<float> data, ipu::CollectiveOp op) {
-         fabric::all_reduce(
-             transport, data,
-             op == ipu::CollectiveOp::mean ? fabric::ReduceOp::mean : fabric::ReduceOp::sum,
-             collective_options);
-       },
-       [&](std::size_t bytes) {
-         return fabric::predict(fabric::Collective::all_reduce, fabric::DataType::float32,
-                                bytes / sizeof(float), static_cast<int>(config.replicas),
-                                collective_options)
-             .predicted_seconds;
-       }});
+  ipu::CollectiveBinding collectives;
+  collectives.all_reduce = [&](std::span<float> data, ipu::CollectiveOp op) {
+    fabric::all_reduce(
+        transport, data,
+        op == ipu::CollectiveOp::mean ? fabric::ReduceOp::mean : fabric::ReduceOp::sum,
+        collective_options);
+  };
+  collectives.predict_seconds = [&](std::size_t bytes) {
+    return fabric::predict(fabric::Collective::all_reduce, fabric::DataType::float32,
+                           bytes / sizeof(float), static_cast<int>(config.replicas),
+                           collective_options)
+        .predicted_seconds;
+  };
+  // Pipeline transfers: sends copy their bytes and complete in the background (a stage never
+  // waits on its successor to post a receive); receives block; each slot of the grouped
+  // schedule ends with a sync that releases when the replica's slowest stage arrives.
+  struct PendingSend {
+    std::vector<std::byte> bytes;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+  std::deque<PendingSend> pending;
+  const auto finish_sends = [&](bool all) {
+    while (!pending.empty()) {
+      int done = 0;
+      if (all)
+        MPI_Wait(&pending.front().request, MPI_STATUS_IGNORE), done = 1;
+      else
+        MPI_Test(&pending.front().request, &done, MPI_STATUS_IGNORE);
+      if (!done) break;
+      pending.pop_front();
+    }
+  };
+  const int my_ipu = replica * static_cast<int>(config.stages) + stage;
+  collectives.send = [&](unsigned peer, unsigned tag, std::span<const std::byte> bytes) {
+    finish_sends(false);
+    pending.push_back({std::vector<std::byte>(bytes.begin(), bytes.end())});
+    MPI_Isend(pending.back().bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE,
+              static_cast<int>(peer), static_cast<int>(tag), pipeline_comm,
+              &pending.back().request);
+  };
+  collectives.receive = [&](unsigned peer, unsigned tag, std::span<std::byte> bytes) {
+    MPI_Status status;
+    MPI_Recv(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, static_cast<int>(peer),
+             static_cast<int>(tag), pipeline_comm, &status);
+    int got = 0;
+    MPI_Get_count(&status, MPI_BYTE, &got);
+    if (static_cast<std::size_t>(got) != bytes.size())
+      throw std::runtime_error("pipeline transfer " + std::to_string(tag) + " from stage " +
+                               std::to_string(peer) + ": expected " + std::to_string(bytes.size()) +
+                               " bytes, got " + std::to_string(got));
+  };
+  collectives.predict_transfer_seconds = [&](unsigned peer, std::size_t bytes) {
+    const int peer_ipu = replica * static_cast<int>(config.stages) + static_cast<int>(peer);
+    if (peer_ipu == my_ipu) return 0.0;
+    const fabric::LinkClass& link = topology.link(my_ipu, peer_ipu);
+    return link.latency_s + static_cast<double>(bytes) / link.bandwidth_bytes_per_s;
+  };
+  collectives.external_sync = [&](std::uint64_t cycles) {
+    std::uint64_t latest = cycles;
+    if (config.stages > 1) MPI_Allreduce(&cycles, &latest, 1, MPI_UINT64_T, MPI_MAX, pipeline_comm);
+    return latest;
+  };
+  engine.bind_collectives(std::move(collectives));
 
   // Failures from here on are reported before the stream client closes (which would make the
   // host fail first with a less useful message).
@@ -148,23 +215,45 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
         engine.run("train");
         training += engine.cycles() - before;
       }
-      client.send({kCycleFrames, step, cycles_array(training)});
+      if (client) client->send({kCycleFrames, step, cycles_array(training)});
       for (std::size_t t = 0; t < startup.test_steps; ++t) engine.run("eval");
     }
 
+    finish_sends(true);
     nlohmann::json report_json = memory_report_json(engine.memory(), arch);
+    report_json["stage"] = stage;
+    report_json["stash_slots"] = compiled.stash_slots;
     report_json["parameter_tensors"] = compiled.parameters.size();
-    report_json["trace"] = trace_json(engine.trace(), arch);
-    const std::string report = report_json.dump();
-    client.send({kReportFrames, step,
-                 array_of(host::DType::u8, {report.size()}, std::as_bytes(std::span(report)))});
-    for (const auto& [id, tensor] : compiled.parameters)
-      client.send({kWeightFrames, static_cast<std::uint64_t>(id),
-                   array_of(host::DType::f32, tensor.shape(), engine.read(tensor))});
+    if (stage > 0) {  // later stages report their memory through the first one
+      const std::string report = report_json.dump();
+      MPI_Send(report.data(), static_cast<int>(report.size()), MPI_CHAR, 0, kStageReportTag,
+               pipeline_comm);
+    } else {
+      nlohmann::json later = nlohmann::json::array();
+      for (std::size_t s = 1; s < config.stages; ++s) {
+        MPI_Status status;
+        MPI_Probe(static_cast<int>(s), kStageReportTag, pipeline_comm, &status);
+        int n = 0;
+        MPI_Get_count(&status, MPI_CHAR, &n);
+        std::string text(static_cast<std::size_t>(n), '\0');
+        MPI_Recv(text.data(), n, MPI_CHAR, static_cast<int>(s), kStageReportTag, pipeline_comm,
+                 MPI_STATUS_IGNORE);
+        later.push_back(nlohmann::json::parse(text));
+      }
+      if (!later.empty()) report_json["later_stages"] = std::move(later);
+      report_json["trace"] = trace_json(engine.trace(), arch);
+      const std::string report = report_json.dump();
+      client->send({kReportFrames, step,
+                    array_of(host::DType::u8, {report.size()}, std::as_bytes(std::span(report)))});
+      for (const auto& [id, tensor] : compiled.parameters)
+        client->send({kWeightFrames, static_cast<std::uint64_t>(id),
+                      array_of(host::DType::f32, tensor.shape(), engine.read(tensor))});
+    }
   } catch (const std::exception& e) {
     abort_job(world, e.what());
   }
-  client.close();
+  if (client) client->close();
+  MPI_Comm_free(&pipeline_comm);
   MPI_Comm_free(&replicas_comm);
   return 0;
 }
