@@ -183,40 +183,59 @@ void register_gather_codelets(CodeletRegistry& r) {
          [](const Vertex& v, const ArchPreset& a) {
            return scalar_cycles(a, field_elements(v, 0));
          }});
-  r.add({"CodebookEmaAccumulate",
-         "for this vertex's codes: cluster = decay * cluster + (1 - decay) * count, embed = "
-         "decay * embed + (1 - decay) * sum of z rows (counts and sums in double, rows in "
-         "order); params: first code, codes, decay, dim",
-         {"z", "idx", "cluster", "embed"},
+  r.add({"CodebookEmaPartial",
+         "for this vertex's codes and a block of z rows: (count, sum of the rows) per code, in "
+         "double (as pairs of u32), rows in order; params: first code, codes, dim, first row",
+         {"z", "idx", "partial"},
          [](const VertexContext& c) {
            auto z = c.region<const float>(0);
            auto idx = c.region<const std::int32_t>(1);
-           auto cluster = c.region<float>(2);
-           auto embed = c.region<float>(3);
+           auto part = c.region<std::uint32_t>(2);
            const std::size_t first = c.size_param(0), codes = c.size_param(1),
-                             dim = c.size_param(3);
-           const double decay = c.param(2);
-           const std::size_t kc = cluster.size();
-           std::vector<double> counts(kc, 0.0), sums(kc * dim, 0.0);
+                             dim = c.size_param(2), first_row = c.size_param(3);
+           const std::size_t kc = part.size() / (2 * (dim + 1));
+           std::vector<double> acc(kc * (dim + 1), 0.0);
            for (std::size_t i = 0; i < idx.size(); ++i) {
              if (idx[i] < 0 || static_cast<std::size_t>(idx[i]) >= codes)
-               throw std::out_of_range(index_error("vq_ema_update", idx[i], i, codes));
+               throw std::out_of_range(index_error("vq_ema_update", idx[i], first_row + i, codes));
              const std::size_t k = static_cast<std::size_t>(idx[i]);
              if (k < first || k >= first + kc) continue;
-             counts[k - first] += 1;
-             for (std::size_t j = 0; j < dim; ++j) sums[(k - first) * dim + j] += z[i * dim + j];
+             double* a = &acc[(k - first) * (dim + 1)];
+             a[0] += 1;
+             for (std::size_t j = 0; j < dim; ++j) a[1 + j] += z[i * dim + j];
            }
-           for (std::size_t k = 0; k < kc; ++k) {
-             cluster[k] = static_cast<float>(decay * cluster[k] + (1 - decay) * counts[k]);
-             for (std::size_t j = 0; j < dim; ++j)
-               embed[k * dim + j] =
-                   static_cast<float>(decay * embed[k * dim + j] + (1 - decay) * sums[k * dim + j]);
-           }
+           for (std::size_t e = 0; e < acc.size(); ++e) store_double(&part[2 * e], acc[e]);
          },
          [](const Vertex& v, const ArchPreset& a) {
            return scalar_cycles(a, 3 * field_elements(v, 1)) +
                   vector_cycles(a, field_elements(v, 0), 1) +
-                  vector_cycles(a, field_elements(v, 3), 2);
+                  vector_cycles(a, field_elements(v, 2), 1);
+         }});
+  r.add({"CodebookEmaAccumulate",
+         "count, sum = the row blocks' partials added in order; cluster = decay * cluster + "
+         "(1 - decay) * count, embed = decay * embed + (1 - decay) * sum; params: decay, dim",
+         {"parts", "cluster", "embed"},
+         [](const VertexContext& c) {
+           auto cluster = c.region<float>(1);
+           auto embed = c.region<float>(2);
+           const double decay = c.param(0);
+           const std::size_t dim = c.size_param(1), kc = cluster.size();
+           std::vector<double> acc(kc * (dim + 1), 0.0);
+           for (std::size_t r = 0; r < c.regions(0); ++r) {
+             const std::uint32_t* part = c.region<const std::uint32_t>(0, r).data();
+             for (std::size_t e = 0; e < acc.size(); ++e) acc[e] += load_double(&part[2 * e]);
+           }
+           for (std::size_t k = 0; k < kc; ++k) {
+             const double* a = &acc[k * (dim + 1)];
+             cluster[k] = static_cast<float>(decay * cluster[k] + (1 - decay) * a[0]);
+             for (std::size_t j = 0; j < dim; ++j)
+               embed[k * dim + j] =
+                   static_cast<float>(decay * embed[k * dim + j] + (1 - decay) * a[1 + j]);
+           }
+         },
+         [](const Vertex& v, const ArchPreset& a) {
+           return vector_cycles(a, field_elements(v, 0), 1) +
+                  vector_cycles(a, field_elements(v, 2), 2);
          }});
   r.add({"SumInOrder",
          "out (a double as two u32 halves) = sum of every element of every region, in order",
@@ -606,28 +625,38 @@ void vq_ema_update(Graph& graph, Program& prog, const Tensor& z, const Tensor& i
   expect(decay >= 0 && decay <= 1, name, "decay must be in [0, 1], got " + std::to_string(decay));
   expect(eps >= 0, name, "eps must be >= 0, got " + std::to_string(eps));
 
-  // Code blocks over tiles; every block's tile sees all of z and the indices.
-  const std::size_t kpb = ceil_div(codes, std::min<std::size_t>(codes, graph.tiles()));
-  const std::size_t blocks = ceil_div(codes, kpb);
-  const std::size_t workers = graph.arch().workers_per_tile;
+  // A grid of row blocks x code blocks: tile (zb, kb) counts and sums its rows per code of its
+  // block; tile (0, kb) adds the row blocks' partials in order and updates its codes.
+  const std::size_t tiles = graph.tiles(), workers = graph.arch().workers_per_tile;
+  std::size_t kb_count = 1, best_bytes = std::numeric_limits<std::size_t>::max();
+  for (std::size_t kb = 1; kb <= std::min(codes, tiles); ++kb) {
+    const std::size_t zb = std::clamp<std::size_t>(tiles / kb, 1, std::max<std::size_t>(n, 1));
+    const std::size_t zpb = ceil_div(std::max<std::size_t>(n, 1), zb), kpb = ceil_div(codes, kb);
+    const std::size_t grid = 4 * zpb * (dim + 2) + 8 * kpb * (dim + 1);
+    const std::size_t reducer = grid + 8 * zb * kpb * (dim + 1) + 12 * kpb * dim;
+    if (reducer < best_bytes) best_bytes = reducer, kb_count = kb;
+  }
+  const std::size_t kpb = ceil_div(codes, kb_count);
+  kb_count = ceil_div(codes, kpb);
+  const std::size_t zpb =
+      ceil_div(std::max<std::size_t>(n, 1),
+               std::clamp<std::size_t>(tiles / kb_count, 1, std::max<std::size_t>(n, 1)));
+  const std::size_t zb_count = n ? ceil_div(n, zpb) : 0;
   const Tensor cs_flat = cluster_size.flatten(), es_flat = embed_sum.flatten(),
                cb_flat = codebook.flatten();
-  std::vector<std::pair<Tensor, Tensor>> in, gather_sizes, spread_total, out;
+  std::vector<std::pair<Tensor, Tensor>> in, parts_in, gather_sizes, spread_total, out;
   Tensor all_sizes = on_tile(graph, DType::f32, codes, 0, name + "/cluster_sizes");
   Tensor total0 = on_tile(graph, DType::u32, 2, 0, name + "/total");
+  ComputeSetId partial = graph.add_compute_set(name + "/partials");
   ComputeSetId accumulate = graph.add_compute_set(name + "/accumulate");
   ComputeSetId normalise = graph.add_compute_set(name + "/normalise");
-  for (std::size_t b = 0; b < blocks; ++b) {
-    const unsigned tile = static_cast<unsigned>(b);
+  for (std::size_t b = 0; b < kb_count; ++b) {
+    const unsigned tile = static_cast<unsigned>(b);  // grid tile (0, b)
     const std::size_t k0 = b * kpb, k1 = std::min(codes, k0 + kpb), kc = k1 - k0;
-    Tensor z_t = on_tile(graph, DType::f32, n * dim, tile, name + "/z");
-    Tensor idx_t = on_tile(graph, DType::i32, n, tile, name + "/indices");
     Tensor cs_t = on_tile(graph, DType::f32, kc, tile, name + "/cluster_size");
     Tensor es_t = on_tile(graph, DType::f32, kc * dim, tile, name + "/embed_sum");
     Tensor cb_t = on_tile(graph, DType::f32, kc * dim, tile, name + "/codebook");
     Tensor total_t = tile == 0 ? total0 : on_tile(graph, DType::u32, 2, tile, name + "/total");
-    in.emplace_back(z.flatten(), z_t);
-    in.emplace_back(indices, idx_t);
     in.emplace_back(cs_flat.slice(k0, k1), cs_t);
     in.emplace_back(es_flat.slice(k0 * dim, k1 * dim), es_t);
     in.emplace_back(cb_flat.slice(k0 * dim, k1 * dim), cb_t);
@@ -636,12 +665,34 @@ void vq_ema_update(Graph& graph, Program& prog, const Tensor& z, const Tensor& i
     out.emplace_back(cs_t, cs_flat.slice(k0, k1));
     out.emplace_back(es_t, es_flat.slice(k0 * dim, k1 * dim));
     out.emplace_back(cb_t, cb_flat.slice(k0 * dim, k1 * dim));
+    std::vector<Tensor> z_t, idx_t;  // per row block, on its grid tile
+    for (std::size_t zb = 0; zb < zb_count; ++zb) {
+      const unsigned grid_tile = static_cast<unsigned>(zb * kb_count + b);
+      const std::size_t z0 = zb * zpb, z1 = std::min(n, z0 + zpb);
+      z_t.push_back(on_tile(graph, DType::f32, (z1 - z0) * dim, grid_tile, name + "/z"));
+      idx_t.push_back(on_tile(graph, DType::i32, z1 - z0, grid_tile, name + "/indices"));
+      in.emplace_back(z.rows(z0, z1).flatten(), z_t.back());
+      in.emplace_back(indices.slice(z0, z1), idx_t.back());
+    }
+    // Per worker range of codes: partials on every row block's tile, added on this tile.
     for_each_chunk(kc, workers, [&](std::size_t a, std::size_t e) {
-      graph.add_vertex(accumulate,
-                       {"CodebookEmaAccumulate",
-                        tile,
-                        {{z_t}, {idx_t}, {cs_t.slice(a, e)}, {es_t.slice(a * dim, e * dim)}},
-                        {double(k0 + a), double(codes), decay, double(dim)}});
+      const std::size_t part_len = (e - a) * (dim + 1) * 2;
+      Tensor recv = on_tile(graph, DType::u32, zb_count * part_len, tile, name + "/partials_in");
+      Vertex acc{"CodebookEmaAccumulate",
+                 tile,
+                 {{}, {cs_t.slice(a, e)}, {es_t.slice(a * dim, e * dim)}},
+                 {decay, double(dim)}};
+      for (std::size_t zb = 0; zb < zb_count; ++zb) {
+        const unsigned grid_tile = static_cast<unsigned>(zb * kb_count + b);
+        Tensor part = on_tile(graph, DType::u32, part_len, grid_tile, name + "/partial");
+        graph.add_vertex(partial, {"CodebookEmaPartial",
+                                   grid_tile,
+                                   {{z_t[zb]}, {idx_t[zb]}, {part}},
+                                   {double(k0 + a), double(codes), double(dim), double(zb * zpb)}});
+        parts_in.emplace_back(part, recv.slice(zb * part_len, (zb + 1) * part_len));
+        acc.fields[0].push_back(recv.slice(zb * part_len, (zb + 1) * part_len));
+      }
+      graph.add_vertex(accumulate, std::move(acc));
       graph.add_vertex(normalise, {"CodebookEmaNormalise",
                                    tile,
                                    {{cs_t.slice(a, e)},
@@ -655,6 +706,8 @@ void vq_ema_update(Graph& graph, Program& prog, const Tensor& z, const Tensor& i
   ComputeSetId total = graph.add_compute_set(name + "/total");
   graph.add_vertex(total, {"SumInOrder", 0, {{all_sizes}, {total0}}, {}});
   prog.add(Program::copy(std::move(in)));
+  prog.add(Program::execute(partial));
+  prog.add(Program::copy(std::move(parts_in)));
   prog.add(Program::execute(accumulate));
   prog.add(Program::copy(std::move(gather_sizes)));
   prog.add(Program::execute(total));
