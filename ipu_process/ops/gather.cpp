@@ -79,32 +79,51 @@ void register_gather_codelets(CodeletRegistry& r) {
            return vector_cycles(a, field_elements(v, 2), 1) +
                   scalar_cycles(a, 3 * field_elements(v, 0));
          }});
-  r.add({"PickLookedUpRows",
-         "out[i] = the answer for idx[i] from the block that owns it; parts: one region per "
-         "(row block, column block), row-block major; params: table rows, rows per block, "
-         "row blocks, column blocks, columns per block, dim, first position",
+  r.add({"SelectOwnerAnswers",
+         "out[i] = parts[idx[i] / rows_per_block][i] (the answer of the row block owning the "
+         "index; zeros for an index outside the table); params: table rows, rows per block, "
+         "block width",
          {"idx", "parts", "out"},
          [](const VertexContext& c) {
            auto idx = c.region<const std::int32_t>(0);
            auto out = c.region<float>(2);
-           const std::size_t rows = c.size_param(0), rpb = c.size_param(1),
-                             cb_count = c.size_param(3), cpb = c.size_param(4),
-                             dim = c.size_param(5), first = c.size_param(6);
+           const std::size_t rows = c.size_param(0), rpb = c.size_param(1), w = c.size_param(2);
            for (std::size_t i = 0; i < idx.size(); ++i) {
-             if (idx[i] < 0 || static_cast<std::size_t>(idx[i]) >= rows)
-               throw std::out_of_range(index_error("gather_rows", idx[i], first + i, rows));
-             const std::size_t rb = static_cast<std::size_t>(idx[i]) / rpb;
-             for (std::size_t cb = 0; cb < cb_count; ++cb) {
-               const std::size_t c0 = cb * cpb, w = std::min(dim, c0 + cpb) - c0;
-               auto part = c.region<const float>(1, rb * cb_count + cb);
-               std::copy_n(part.data() + i * w, w, out.data() + i * dim + c0);
+             float* o = out.data() + i * w;
+             if (idx[i] < 0 || static_cast<std::size_t>(idx[i]) >= rows) {
+               std::fill(o, o + w, 0.f);  // reported by AssembleLookedUpRows
+               continue;
              }
+             auto part = c.region<const float>(1, static_cast<std::size_t>(idx[i]) / rpb);
+             std::copy_n(part.data() + i * w, w, o);
            }
          },
          [](const Vertex& v, const ArchPreset& a) {
            return vector_cycles(a, field_elements(v, 2), 1) +
                   scalar_cycles(a, 3 * field_elements(v, 0));
          }});
+  r.add(
+      {"AssembleLookedUpRows",
+       "out[i] = the column blocks' answers for position i side by side; stops the run on an "
+       "index outside the table; params: table rows, columns per block, dim, first position",
+       {"idx", "parts", "out"},
+       [](const VertexContext& c) {
+         auto idx = c.region<const std::int32_t>(0);
+         auto out = c.region<float>(2);
+         const std::size_t rows = c.size_param(0), cpb = c.size_param(1), dim = c.size_param(2),
+                           first = c.size_param(3);
+         for (std::size_t i = 0; i < idx.size(); ++i) {
+           if (idx[i] < 0 || static_cast<std::size_t>(idx[i]) >= rows)
+             throw std::out_of_range(index_error("gather_rows", idx[i], first + i, rows));
+           for (std::size_t cb = 0; cb < c.regions(1); ++cb) {
+             const std::size_t c0 = cb * cpb, w = std::min(dim, c0 + cpb) - c0;
+             std::copy_n(c.region<const float>(1, cb).data() + i * w, w, out.data() + i * dim + c0);
+           }
+         }
+       },
+       [](const Vertex& v, const ArchPreset& a) {
+         return vector_cycles(a, field_elements(v, 2), 1) + scalar_cycles(a, field_elements(v, 0));
+       }});
   r.add({"ScatterAddRows",
          "out[k - r0] = sum over i in order of dy[i] for idx[i] = k, for rows r0 <= k < r1 "
          "(zero if none); params: r0, r1, block width, table rows",
@@ -428,7 +447,7 @@ Tensor gather_rows(Graph& graph, Program& prog, const Tensor& table, const Tenso
   const std::size_t workers = graph.arch().workers_per_tile;
   // Every block's tile answers every index (zeros for indices it does not own).
   std::vector<std::pair<Tensor, Tensor>> in_copies;
-  std::vector<Tensor> answers(p.row_blocks * p.col_blocks);
+  std::vector<Tensor> answers(p.row_blocks * p.col_blocks), idx_tiles(answers.size());
   ComputeSetId lookup = graph.add_compute_set(name + "/lookup");
   for (std::size_t rb = 0; rb < p.row_blocks; ++rb)
     for (std::size_t cb = 0; cb < p.col_blocks; ++cb) {
@@ -436,6 +455,7 @@ Tensor gather_rows(Graph& graph, Program& prog, const Tensor& table, const Tenso
       const std::size_t w = p.col_end(cb) - p.col_begin(cb);
       Tensor idx_t = on_tile(graph, DType::i32, n, tile, name + "/indices");
       in_copies.emplace_back(idx, idx_t);
+      idx_tiles[rb * p.col_blocks + cb] = idx_t;
       Tensor& answer = answers[rb * p.col_blocks + cb];
       answer = on_tile(graph, DType::f32, n * w, tile, name + "/answer");
       const auto regions = block_regions(t, p, p.row_begin(rb), p.row_end(rb), cb);
@@ -449,37 +469,73 @@ Tensor gather_rows(Graph& graph, Program& prog, const Tensor& table, const Tenso
   prog.add(Program::copy(std::move(in_copies)));
   prog.add(Program::execute(lookup));
 
-  // The output's tiles take, for each of their positions, the owning block's answer.
+  // Each column block's tiles select the owning row block's answers, each tile for its share
+  // of the positions (a second stage keeps the exchange to the output's tiles small).
+  std::vector<Tensor> selected(p.col_blocks);
+  if (p.row_blocks == 1) {
+    selected = answers;
+  } else {
+    std::vector<std::pair<Tensor, Tensor>> copies;
+    ComputeSetId select = graph.add_compute_set(name + "/select");
+    const std::size_t ppb = ceil_div(n, p.row_blocks);
+    for (std::size_t cb = 0; cb < p.col_blocks; ++cb) {
+      const std::size_t w = p.col_end(cb) - p.col_begin(cb);
+      selected[cb] = graph.add_variable(
+          DType::f32, {n * w}, name + "/selected" + std::to_string(cb), MemoryCategory::temporary);
+      for (std::size_t rb = 0; rb < p.row_blocks; ++rb) {
+        const unsigned tile = p.tile(rb, cb);
+        const std::size_t p0 = std::min(n, rb * ppb), p1 = std::min(n, p0 + ppb);
+        if (p0 == p1) continue;
+        graph.set_tile_mapping(selected[cb].slice(p0 * w, p1 * w), tile);
+        for_each_chunk(p1 - p0, workers, [&](std::size_t a, std::size_t b) {
+          const std::size_t q0 = p0 + a, q1 = p0 + b, len = (q1 - q0) * w;
+          Tensor recv = on_tile(graph, DType::f32, p.row_blocks * len, tile, name + "/answers");
+          Vertex v{"SelectOwnerAnswers",
+                   tile,
+                   {{idx_tiles[rb * p.col_blocks + cb].slice(q0, q1)},
+                    {},
+                    {selected[cb].slice(q0 * w, q1 * w)}},
+                   {double(rows), double(p.rows_per_block), double(w)}};
+          for (std::size_t from = 0; from < p.row_blocks; ++from) {
+            Tensor dst = recv.slice(from * len, (from + 1) * len);
+            copies.emplace_back(answers[from * p.col_blocks + cb].slice(q0 * w, q1 * w), dst);
+            v.fields[1].push_back(dst);
+          }
+          graph.add_vertex(select, std::move(v));
+        });
+      }
+    }
+    prog.add(Program::copy(std::move(copies)));
+    prog.add(Program::execute(select));
+  }
+
+  // The output's tiles put the column blocks side by side for their positions.
   std::vector<std::pair<Tensor, Tensor>> out_copies;
-  ComputeSetId pick = graph.add_compute_set(name + "/pick");
+  ComputeSetId assemble = graph.add_compute_set(name + "/assemble");
   const Tensor flat = out.flatten();
   for_each_row_block(graph, n, [&](unsigned tile, std::size_t b, std::size_t e) {
     for_each_chunk(e - b, workers, [&](std::size_t c0, std::size_t c1) {
       const std::size_t q0 = b + c0, q1 = b + c1;
-      Tensor idx_o = on_tile(graph, DType::i32, q1 - q0, tile, name + "/picked_indices");
+      Tensor idx_o = on_tile(graph, DType::i32, q1 - q0, tile, name + "/indices");
       out_copies.emplace_back(idx.slice(q0, q1), idx_o);
-      Tensor recv =
-          on_tile(graph, DType::f32, p.row_blocks * (q1 - q0) * dim, tile, name + "/answers");
-      Vertex v{"PickLookedUpRows",
+      Tensor recv = on_tile(graph, DType::f32, (q1 - q0) * dim, tile, name + "/columns");
+      Vertex v{"AssembleLookedUpRows",
                tile,
                {{idx_o}, {}, {flat.slice(q0 * dim, q1 * dim)}},
-               {double(rows), double(p.rows_per_block), double(p.row_blocks), double(p.col_blocks),
-                double(p.cols_per_block), double(dim), double(q0)}};
+               {double(rows), double(p.cols_per_block), double(dim), double(q0)}};
       std::size_t at = 0;
-      for (std::size_t rb = 0; rb < p.row_blocks; ++rb)
-        for (std::size_t cb = 0; cb < p.col_blocks; ++cb) {
-          const std::size_t w = p.col_end(cb) - p.col_begin(cb), len = (q1 - q0) * w;
-          out_copies.emplace_back(answers[rb * p.col_blocks + cb].slice(q0 * w, q1 * w),
-                                  recv.slice(at, at + len));
-          v.fields[1].push_back(recv.slice(at, at + len));
-          at += len;
-        }
+      for (std::size_t cb = 0; cb < p.col_blocks; ++cb) {
+        const std::size_t w = p.col_end(cb) - p.col_begin(cb), len = (q1 - q0) * w;
+        out_copies.emplace_back(selected[cb].slice(q0 * w, q1 * w), recv.slice(at, at + len));
+        v.fields[1].push_back(recv.slice(at, at + len));
+        at += len;
+      }
       graph.set_tile_mapping(flat.slice(q0 * dim, q1 * dim), tile);
-      graph.add_vertex(pick, std::move(v));
+      graph.add_vertex(assemble, std::move(v));
     });
   });
   prog.add(Program::copy(std::move(out_copies)));
-  prog.add(Program::execute(pick));
+  prog.add(Program::execute(assemble));
   return out;
 }
 
@@ -502,21 +558,36 @@ Tensor scatter_add_rows(Graph& graph, Program& prog, const Tensor& dy, const Ten
   const LookupPlan p = LookupPlan::make(graph, rows, dim, n);
   const Tensor idx = indices.flatten(), dflat = dy.flatten();
   const std::size_t workers = graph.arch().workers_per_tile;
-  std::vector<std::pair<Tensor, Tensor>> copies;
+  // dy's columns of each column block are gathered once, spread in position chunks over the
+  // column's tiles (C > 1 cuts dy's rows), then every tile of the column copies all of them.
+  std::vector<std::pair<Tensor, Tensor>> columns, copies;
+  std::vector<Tensor> dy_cols(p.col_blocks);
+  const std::size_t ppb = ceil_div(n, p.row_blocks);
+  for (std::size_t cb = 0; cb < p.col_blocks; ++cb) {
+    const std::size_t c0 = p.col_begin(cb), w = p.col_end(cb) - c0;
+    if (p.col_blocks == 1) {
+      dy_cols[cb] = dflat;
+      continue;
+    }
+    dy_cols[cb] = graph.add_variable(DType::f32, {n * w}, name + "/dy_columns" + std::to_string(cb),
+                                     MemoryCategory::temporary);
+    for (std::size_t rb = 0; rb < p.row_blocks; ++rb) {
+      const std::size_t p0 = std::min(n, rb * ppb), p1 = std::min(n, p0 + ppb);
+      if (p0 < p1) graph.set_tile_mapping(dy_cols[cb].slice(p0 * w, p1 * w), p.tile(rb, cb));
+    }
+    for (std::size_t i = 0; i < n; ++i)
+      columns.emplace_back(dflat.slice(i * dim + c0, i * dim + c0 + w),
+                           dy_cols[cb].slice(i * w, (i + 1) * w));
+  }
   ComputeSetId cs = graph.add_compute_set(name);
   for (std::size_t rb = 0; rb < p.row_blocks; ++rb)
     for (std::size_t cb = 0; cb < p.col_blocks; ++cb) {
       const unsigned tile = p.tile(rb, cb);
-      const std::size_t c0 = p.col_begin(cb), w = p.col_end(cb) - c0;
+      const std::size_t w = p.col_end(cb) - p.col_begin(cb);
       Tensor idx_t = on_tile(graph, DType::i32, n, tile, name + "/indices");
-      Tensor dy_t = on_tile(graph, DType::f32, n * w, tile, name + "/dy");
       copies.emplace_back(idx, idx_t);
-      if (p.col_blocks == 1)
-        copies.emplace_back(dflat, dy_t);
-      else
-        for (std::size_t i = 0; i < n; ++i)
-          copies.emplace_back(dflat.slice(i * dim + c0, i * dim + c0 + w),
-                              dy_t.slice(i * w, (i + 1) * w));
+      Tensor dy_t = on_tile(graph, DType::f32, n * w, tile, name + "/dy");
+      copies.emplace_back(dy_cols[cb], dy_t);
       const std::size_t r0 = p.row_begin(rb), r1 = p.row_end(rb);
       for_each_chunk(r1 - r0, workers, [&](std::size_t a, std::size_t b) {
         graph.add_vertex(cs, {"ScatterAddRows",
@@ -525,6 +596,7 @@ Tensor scatter_add_rows(Graph& graph, Program& prog, const Tensor& dy, const Ten
                               {double(r0 + a), double(r0 + b), double(w), double(rows)}});
       });
     }
+  if (!columns.empty()) prog.add(Program::copy(std::move(columns)));
   prog.add(Program::copy(std::move(copies)));
   prog.add(Program::execute(cs));
   return out;

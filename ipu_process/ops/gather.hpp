@@ -3,8 +3,9 @@
 //
 // Exchanges are planned at compile time, so a lookup works like PopLibs' multiSlice: the table
 // is spread over tiles in blocks of rows x columns; every block's tile receives all indices and
-// serves those that fall in its rows; the output's tiles then receive every block's answer for
-// their rows and keep the one from the block that owns each index. Results are deterministic.
+// answers them (zeros for indices outside its rows); each column block's tiles then select, for
+// their share of the positions, the answer of the row block that owns each index; finally the
+// output's tiles put the column blocks side by side. Results are deterministic.
 #pragma once
 
 #include <cstddef>
