@@ -266,6 +266,22 @@ PlanCost plan_cost(const ArchPreset& arch, std::size_t bm, std::size_t bk, std::
   return c;
 }
 
+// Copies block [row0, row1) x [col0, col1) of a row-major matrix (src: its flat view, rows
+// of row_length elements) into the contiguous dst: one piece if the block is whole rows,
+// else one per row.
+void copy_block(std::vector<std::pair<Tensor, Tensor>>& copies, const Tensor& src,
+                std::size_t row_length, std::size_t row0, std::size_t row1, std::size_t col0,
+                std::size_t col1, const Tensor& dst) {
+  const std::size_t width = col1 - col0;
+  if (width == row_length) {
+    copies.emplace_back(src.slice(row0 * row_length, row1 * row_length), dst);
+    return;
+  }
+  for (std::size_t r = row0; r < row1; ++r)
+    copies.emplace_back(src.slice(r * row_length + col0, r * row_length + col1),
+                        dst.slice((r - row0) * width, (r - row0 + 1) * width));
+}
+
 }  // namespace
 
 MatMulPlan plan_matmul(const ArchPreset& arch, std::size_t m, std::size_t k, std::size_t n) {
@@ -344,6 +360,13 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
   ComputeSetId cs = graph.add_compute_set(name);
   const ComputeSetId reduce_cs = split ? graph.add_compute_set(name + "/reduce") : cs;
   const std::size_t workers = graph.arch().workers_per_tile;
+  const Tensor a_flat = a.flatten(), b_flat = b.flatten();
+  {
+    // A block of whole rows moves as one piece, any other block row by row.
+    const std::size_t a_pieces = ta ? (bm == m ? 1 : bk) : (bk == k ? 1 : bm);
+    const std::size_t b_pieces = tb ? (bk == k ? 1 : bn) : (bn == n ? 1 : bk);
+    copies.reserve(plan.tiles() * (a_pieces + b_pieces));
+  }
   unsigned tile = 0;
   for (std::size_t r0 = 0; r0 < m; r0 += bm) {
     const std::size_t r1 = std::min(m, r0 + bm), rows = r1 - r0;
@@ -364,21 +387,13 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
         graph.set_tile_mapping(a_local, tile);
         graph.set_tile_mapping(b_local, tile);
         if (ta)
-          for (std::size_t p = k0; p < k1; ++p)
-            copies.emplace_back(a.row(p).slice(r0, r1), a_local.row(p - k0));
-        else if (depth == k)
-          copies.emplace_back(a.rows(r0, r1).flatten(), a_local.flatten());
+          copy_block(copies, a_flat, m, k0, k1, r0, r1, a_local.flatten());
         else
-          for (std::size_t r = r0; r < r1; ++r)
-            copies.emplace_back(a.row(r).slice(k0, k1), a_local.row(r - r0));
-        if (tb && depth == k)
-          copies.emplace_back(b.rows(c0, c1).flatten(), b_local.flatten());
-        else if (tb)
-          for (std::size_t j = c0; j < c1; ++j)
-            copies.emplace_back(b.row(j).slice(k0, k1), b_local.row(j - c0));
+          copy_block(copies, a_flat, k, r0, r1, k0, k1, a_local.flatten());
+        if (tb)
+          copy_block(copies, b_flat, k, c0, c1, k0, k1, b_local.flatten());
         else
-          for (std::size_t p = k0; p < k1; ++p)
-            copies.emplace_back(b.row(p).slice(c0, c1), b_local.row(p - k0));
+          copy_block(copies, b_flat, n, k0, k1, c0, c1, b_local.flatten());
         // The block's result, or its partial sums over this piece of k.
         Tensor out;
         if (split) {
