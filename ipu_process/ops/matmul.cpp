@@ -180,7 +180,8 @@ void matmul_block_rows(const float* a, const float* b, float* const* c, std::siz
 
 void register_matmul_codelets(CodeletRegistry& r) {
   r.add({"MatMulBlock",
-         "rows [r0, r0 + regions(c)) of a tile's output block: c[i] = op(a)[r0 + i, :] x op(b); "
+         "rows [r0, r0 + rows) of a tile's output block: c[i] = op(a)[r0 + i, :] x op(b), the "
+         "rows laid end to end in the regions of c (one region per row, or one for all); "
          "params: block rows bm, depth k, block columns bn, a transposed, b transposed, r0. "
          "Each element is a float32 sum over p = 0..k-1 in increasing order, starting from 0 "
          "(one fused multiply-add per term on hosts with FMA, a multiply then an add otherwise)",
@@ -189,16 +190,20 @@ void register_matmul_codelets(CodeletRegistry& r) {
            auto a = c.region<const float>(0);
            auto b = c.region<const float>(1);
            const std::size_t bm = c.size_param(0), k = c.size_param(1), bn = c.size_param(2);
-           const std::size_t rows = c.regions(2);
            thread_local std::vector<float*> out;
-           out.resize(rows);
-           for (std::size_t i = 0; i < rows; ++i) out[i] = c.region<float>(2, i).data();
+           out.clear();
+           for (std::size_t i = 0; i < c.regions(2); ++i) {
+             auto region = c.region<float>(2, i);
+             for (std::size_t e = 0; e + bn <= region.size(); e += bn)
+               out.push_back(region.data() + e);
+           }
            ops::matmul_block_rows(a.data(), b.data(), out.data(), bm, k, bn, c.param(3) != 0,
-                                  c.param(4) != 0, c.size_param(5), rows);
+                                  c.param(4) != 0, c.size_param(5), out.size());
          },
          [](const Vertex& v, const ArchPreset& a) {
-           const double rows = static_cast<double>(v.fields[2].size());
-           return amp_cycles(a, 2.0 * rows * v.params[1] * v.params[2]);
+           std::size_t elements = 0;
+           for (const Tensor& t : v.fields[2]) elements += t.elements();
+           return amp_cycles(a, 2.0 * static_cast<double>(elements) * v.params[1]);
          }});
   r.add({"MatMulReduce",
          "out = partials[0] + partials[1] + ... (float32, added in region order) for the "
@@ -413,8 +418,11 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
                    tile,
                    {{a_local}, {b_local}, {}},
                    {double(rows), double(depth), double(cols), double(ta), double(tb), double(w0)}};
-          for (std::size_t r = w0; r < w1; ++r)
-            v.fields[2].push_back(split ? out.row(r) : c.row(r0 + r).slice(c0, c1));
+          if (split)  // the partial sums are contiguous on the tile: one region
+            v.fields[2].push_back(out.rows(w0, w1).flatten());
+          else
+            for (std::size_t r = w0; r < w1; ++r)
+              v.fields[2].push_back(c.row(r0 + r).slice(c0, c1));
           graph.add_vertex(cs, std::move(v));
         }
       }
