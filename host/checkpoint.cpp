@@ -18,10 +18,44 @@ constexpr const char* kFormat = "ipupod-checkpoint";
 constexpr std::uint64_t kVersion = 1;
 
 void check_name(const std::string& name, const std::string& kind) {
-  if (name.empty() || name == "." || name.find('/') != std::string::npos) {
+  if (name.empty() || name == ".") {
     throw CheckpointError("cannot save " + kind + " '" + name +
-                          "': a checkpoint name must be non-empty, not '.', and without '/'");
+                          "': a checkpoint name must be non-empty and not '.'");
   }
+}
+
+// HDF5 link names cannot hold '/': escape it (and the escape character).
+std::string link_name(const std::string& name) {
+  std::string out;
+  for (char c : name) {
+    if (c == '%') {
+      out += "%25";
+    } else if (c == '/') {
+      out += "%2F";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string from_link_name(const std::string& link, const std::string& path) {
+  std::string out;
+  for (std::size_t i = 0; i < link.size(); ++i) {
+    if (link[i] != '%') {
+      out += link[i];
+    } else if (link.compare(i, 3, "%25") == 0) {
+      out += '%';
+      i += 2;
+    } else if (link.compare(i, 3, "%2F") == 0) {
+      out += '/';
+      i += 2;
+    } else {
+      throw CheckpointError("checkpoint '" + path + "' holds an entry named '" + link +
+                            "' with a stray '%'; it was not written by ipupod");
+    }
+  }
+  return out;
 }
 
 HostArray bytes_of(const std::string& text) {
@@ -99,14 +133,15 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint,
       file.set_uint64_attribute("version", kVersion);
       file.set_uint64_attribute("step", checkpoint.step);
       write_array(file, "config_json", bytes_of(checkpoint.config_json));
+      write_array(file, "state_json", bytes_of(checkpoint.state_json));
       h5::Group rng = file.create_group("rng");
       for (const auto& [name, state] : checkpoint.rng_states) {
-        write_array(rng, name, bytes_of(state));
+        write_array(rng, link_name(name), bytes_of(state));
       }
       h5::Group tensors = file.create_group("tensors");
       std::size_t written = 0;
       for (const auto& [name, array] : checkpoint.tensors) {
-        write_array(tensors, name, array);
+        write_array(tensors, link_name(name), array);
         if (progress) progress(++written, checkpoint.tensors.size());
       }
       tensors.close();
@@ -152,7 +187,7 @@ Checkpoint load_checkpoint(const std::string& path) {
                             std::to_string(version) + "; this build reads version " +
                             std::to_string(kVersion));
     }
-    for (const char* part : {"config_json", "rng", "tensors"}) {
+    for (const char* part : {"config_json", "state_json", "rng", "tensors"}) {
       if (!file.has_link(part)) {
         throw CheckpointError("checkpoint '" + path + "' lacks '/" + part +
                               "'; it is damaged or was not written by ipupod");
@@ -161,13 +196,14 @@ Checkpoint load_checkpoint(const std::string& path) {
     Checkpoint checkpoint;
     checkpoint.step = file.uint64_attribute("step");
     checkpoint.config_json = read_text(file, "config_json");
+    checkpoint.state_json = read_text(file, "state_json");
     const h5::Group rng = file.open_group("rng");
     for (const std::string& name : rng.link_names()) {
-      checkpoint.rng_states[name] = read_text(rng, name);
+      checkpoint.rng_states[from_link_name(name, path)] = read_text(rng, name);
     }
     const h5::Group tensors = file.open_group("tensors");
     for (const std::string& name : tensors.link_names()) {
-      checkpoint.tensors[name] = read_array(tensors, name);
+      checkpoint.tensors[from_link_name(name, path)] = read_array(tensors, name);
     }
     return checkpoint;
   } catch (const Hdf5Error& error) {
@@ -177,25 +213,34 @@ Checkpoint load_checkpoint(const std::string& path) {
 
 void check_compatible(const Checkpoint& checkpoint,
                       const std::map<std::string, std::vector<std::size_t>>& expected_shapes) {
+  std::map<std::string, std::vector<std::size_t>> saved;
+  for (const auto& [name, array] : checkpoint.tensors) saved[name] = array.shape;
+  check_compatible(saved, checkpoint.step, expected_shapes);
+}
+
+void check_compatible(const std::map<std::string, std::vector<std::size_t>>& saved_shapes,
+                      std::uint64_t step,
+                      const std::map<std::string, std::vector<std::size_t>>& expected_shapes) {
   std::string missing, unexpected, shapes;
   const auto append = [](std::string& list, const std::string& item) {
     list += (list.empty() ? "" : ", ") + item;
   };
   for (const auto& [name, shape] : expected_shapes) {
-    const auto found = checkpoint.tensors.find(name);
-    if (found == checkpoint.tensors.end()) {
+    const auto found = saved_shapes.find(name);
+    if (found == saved_shapes.end()) {
       append(missing, "'" + name + "' " + shape_string(shape));
-    } else if (found->second.shape != shape) {
-      append(shapes, "'" + name + "' is " + shape_string(found->second.shape) +
+    } else if (found->second != shape) {
+      append(shapes, "'" + name + "' is " + shape_string(found->second) +
                          " in the checkpoint but " + shape_string(shape) + " in the model");
     }
   }
-  for (const auto& [name, array] : checkpoint.tensors) {
-    if (expected_shapes.count(name) == 0) append(unexpected, "'" + name + "' " + array.describe());
+  for (const auto& [name, shape] : saved_shapes) {
+    if (expected_shapes.count(name) == 0)
+      append(unexpected, "'" + name + "' " + shape_string(shape));
   }
   if (missing.empty() && unexpected.empty() && shapes.empty()) return;
   std::string message =
-      "the checkpoint (step " + std::to_string(checkpoint.step) + ") does not fit the model:";
+      "the checkpoint (step " + std::to_string(step) + ") does not fit the model:";
   if (!missing.empty()) message += " missing tensors: " + missing + ";";
   if (!unexpected.empty()) message += " tensors the model does not have: " + unexpected + ";";
   if (!shapes.empty()) message += " different shapes: " + shapes + ";";

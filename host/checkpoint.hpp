@@ -17,12 +17,15 @@ namespace ipupod::host {
 // Layout (format "ipupod-checkpoint", version 1):
 //   /                  attributes: format (string), version, step (uint64)
 //   /config_json       uint8[n]  the run's configuration as JSON text
+//   /state_json        uint8[n]  the trainer's position and running figures as JSON text
 //   /tensors/<name>    one dataset per tensor, its dtype and shape (weights, optimizer state)
 //   /rng/<name>        uint8[n]  one serialised RNG state per name
-// Names are HDF5 link names: not empty, not ".", no '/'.
+// Names are not empty and not "."; in the file '%' is stored as "%25" and '/' as "%2F", so that
+// names like "fc0.weight/momentum" stay one HDF5 link.
 struct Checkpoint {
   std::uint64_t step = 0;
   std::string config_json;
+  std::string state_json;
   std::map<std::string, HostArray> tensors;
   std::map<std::string, std::string> rng_states;
 };
@@ -48,6 +51,10 @@ Checkpoint load_checkpoint(const std::string& path);
 // Throws CheckpointError listing every difference: tensors the model expects that the checkpoint
 // lacks, tensors the checkpoint has that the model does not, and shapes that differ.
 void check_compatible(const Checkpoint& checkpoint,
+                      const std::map<std::string, std::vector<std::size_t>>& expected_shapes);
+// The same from the checkpoint's tensor shapes alone (e.g. on a rank that has not read the file).
+void check_compatible(const std::map<std::string, std::vector<std::size_t>>& saved_shapes,
+                      std::uint64_t step,
                       const std::map<std::string, std::vector<std::size_t>>& expected_shapes);
 
 }  // namespace ipupod::host
