@@ -49,11 +49,62 @@ void validate(const TrainConfig& c, int world_size) {
                      ": pipelined execution is not implemented yet; use --stages 1 "
                      "(data-parallel replicas work)");
   if (!(c.learning_rate > 0)) throw UsageError("--learning-rate must be positive");
+  if (c.stages > 1 && (c.checkpoint_every > 0 || !c.resume.empty()))
+    throw UsageError(
+        "--checkpoint-every and --resume work with --stages 1 only for now (a "
+        "pipelined replica's tensors are spread over its stages' IPUs)");
   if (world_size != static_cast<int>(c.world_size()))
     throw UsageError("the MPI world has " + std::to_string(world_size) + " ranks, but 1 host + " +
                      std::to_string(c.replicas) + " replicas x " + std::to_string(c.stages) +
                      " stages needs " + std::to_string(c.world_size()) + "; run with `mpirun -n " +
                      std::to_string(c.world_size()) + " ipupod train ...`");
+}
+
+nlohmann::json config_json(const TrainConfig& c) {
+  return {{"model", c.model},
+          {"hidden", c.hidden},
+          {"width", c.width},
+          {"data", c.data},
+          {"arch", c.arch},
+          {"topology", c.topology},
+          {"replicas", c.replicas},
+          {"stages", c.stages},
+          {"micro_batch", c.micro_batch},
+          {"gradient_accumulation", c.gradient_accumulation},
+          {"device_iterations", c.device_iterations},
+          {"epochs", c.epochs},
+          {"learning_rate", c.learning_rate},
+          {"seed", c.seed},
+          {"shuffle", c.shuffle},
+          {"global_batch", c.global_batch()}};
+}
+
+std::vector<std::string> resume_differences(const TrainConfig& c, const nlohmann::json& saved) {
+  // Free to change: epochs (to train further), data path (a moved file; its sample count and
+  // shape are checked separately), run directory, timeouts, reports, checkpoint cadence.
+  static const char* const kFixed[] = {"model",
+                                       "hidden",
+                                       "width",
+                                       "arch",
+                                       "topology",
+                                       "replicas",
+                                       "stages",
+                                       "micro_batch",
+                                       "gradient_accumulation",
+                                       "device_iterations",
+                                       "learning_rate",
+                                       "seed",
+                                       "shuffle"};
+  const nlohmann::json now = config_json(c);
+  std::vector<std::string> differences;
+  for (const char* key : kFixed) {
+    const nlohmann::json was = saved.contains(key) ? saved.at(key) : nlohmann::json();
+    if (was != now.at(key))
+      differences.push_back(std::string(key) + ": checkpoint " +
+                            (was.is_null() ? std::string("(absent)") : was.dump()) + ", this run " +
+                            now.at(key).dump());
+  }
+  return differences;
 }
 
 }  // namespace ipupod::pod

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -37,6 +38,11 @@ struct TrainConfig {
   std::string bind_address = "127.0.0.1";
   double timeout_s = 120;           // host <-> IPU stream operations
   std::size_t trace_events = 4000;  // first events of each IPU's predicted timeline in trace.json
+  // Checkpoints: every N host steps and at the end (0: none), into the run directory as
+  // checkpoint-<host step>.h5, keeping the newest `checkpoint_keep` of this run (0: all).
+  std::size_t checkpoint_every = 0;
+  std::size_t checkpoint_keep = 2;
+  std::string resume;  // a checkpoint to continue from ("" : start afresh)
 
   std::size_t ipus() const { return replicas * stages; }
   std::size_t world_size() const { return 1 + ipus(); }
@@ -49,5 +55,12 @@ struct TrainConfig {
 
 // Checks the options on their own and against the MPI world size; throws UsageError.
 void validate(const TrainConfig& config, int world_size);
+
+// The options that shape the numbers of a run, as JSON (summary.json and checkpoints).
+nlohmann::json config_json(const TrainConfig& config);
+// What a resumed run changes that the checkpoint's run fixed (options that change the model or
+// the order or value of any number: a bitwise-identical continuation needs them equal), one
+// "option: checkpoint X, this run Y" per difference; empty if nothing differs.
+std::vector<std::string> resume_differences(const TrainConfig& config, const nlohmann::json& saved);
 
 }  // namespace ipupod::pod

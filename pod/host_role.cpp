@@ -4,7 +4,9 @@
 #include <boost/asio/ip/host_name.hpp>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -12,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "host/checkpoint.hpp"
 #include "host/dataset.hpp"
 #include "host/loader.hpp"
 #include "host/stream_server.hpp"
@@ -25,15 +28,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-host::HostArray slice_samples(const host::HostArray& a, std::size_t first, std::size_t count) {
-  host::HostArray out;
-  out.dtype = a.dtype;
-  out.shape = a.shape;
-  out.shape[0] = count;
-  const std::size_t sample_bytes = a.bytes.size() / a.shape[0];
-  out.bytes.assign(a.bytes.begin() + static_cast<std::ptrdiff_t>(first * sample_bytes),
-                   a.bytes.begin() + static_cast<std::ptrdiff_t>((first + count) * sample_bytes));
-  return out;
+// Micro-batch m of a host step's batch, sent from where it lies (no copy); `shape` is
+// [micro-batch, sample shape...] and must outlive the send.
+host::FrameView micro_batch_frame(StreamId id, std::uint64_t step, const host::HostArray& a,
+                                  std::size_t m, const std::vector<std::size_t>& shape) {
+  const std::size_t bytes = a.bytes.size() / a.shape[0] * shape[0];
+  return {id, step, a.dtype, shape, std::span(a.bytes).subspan(m * bytes, bytes)};
 }
 
 // Checks the data set suits a classifier and returns the class count (max label + 1).
@@ -92,12 +92,161 @@ host::Frame expect_frame(host::StreamServer& server, std::size_t replica, Stream
   return f;
 }
 
+nlohmann::json metrics_json(const EpochMetrics& m) {
+  return {{"epoch", m.epoch + 1},
+          {"train_loss", m.train_loss},
+          {"test_loss", m.test_loss},
+          {"test_accuracy", m.test_accuracy},
+          {"test_samples", m.test_samples},
+          {"measured_samples_per_s", m.measured_samples_per_s},
+          {"predicted_samples_per_s", m.predicted_samples_per_s}};
+}
+
+EpochMetrics metrics_from_json(const nlohmann::json& j) {
+  EpochMetrics m;
+  m.epoch = j.at("epoch").get<std::size_t>() - 1;
+  m.train_loss = j.at("train_loss");
+  m.test_loss = j.at("test_loss");
+  m.test_accuracy = j.at("test_accuracy");
+  m.test_samples = j.at("test_samples");
+  m.measured_samples_per_s = j.at("measured_samples_per_s");
+  m.predicted_samples_per_s = j.at("predicted_samples_per_s");
+  return m;
+}
+
+// The host's side of a run that a checkpoint carries besides the tensors: where training stands
+// and the running figures that the reports continue from.
+struct Progress {
+  std::size_t epoch = 0, step = 0;  // the next step to run
+  std::uint64_t host_step = 0;      // host steps done
+  double epoch_loss = 0;            // sum of the step losses of the current epoch so far
+  double train_seconds = 0;
+  std::vector<EpochMetrics> epochs;
+  std::string csv;
+  std::vector<std::uint64_t> cycles;  // predicted training cycles so far (replica 0), by kind
+};
+
+// The data-derived facts a resumed run must share with the checkpoint's, next to the options.
+nlohmann::json checkpoint_config(const TrainConfig& c, const Startup& startup) {
+  nlohmann::json j = config_json(c);
+  j["train_steps"] = startup.train_steps;
+  j["test_steps"] = startup.test_steps;
+  j["sample_shape"] = startup.sample_shape;
+  j["classes"] = startup.classes;
+  return j;
+}
+
+// Writes checkpoint-<host step>.h5 from replica 0's manifest and tensors, then removes the
+// oldest of this run's checkpoints beyond --checkpoint-keep.
+void write_checkpoint(host::StreamServer& server, const TrainConfig& c, const Startup& startup,
+                      Progress progress, std::deque<std::string>& written) {
+  const host::Frame manifest_frame = expect_frame(server, 0, kCheckpointFrames);
+  const auto text = manifest_frame.array.as<const std::uint8_t>();
+  const nlohmann::json manifest = nlohmann::json::parse(text.begin(), text.end());
+  host::Checkpoint checkpoint;
+  checkpoint.step = progress.host_step;
+  for (const auto& name : manifest.at("names"))
+    checkpoint.tensors[name.get<std::string>()] =
+        std::move(expect_frame(server, 0, kCheckpointFrames).array);
+  progress.cycles = manifest.at("cycles").get<std::vector<std::uint64_t>>();
+  checkpoint.config_json = checkpoint_config(c, startup).dump();
+  nlohmann::json epochs = nlohmann::json::array();
+  for (const auto& m : progress.epochs) epochs.push_back(metrics_json(m));
+  checkpoint.state_json = nlohmann::json{
+      {"epoch", progress.epoch},
+      {"step", progress.step},
+      {"host_step", progress.host_step},
+      {"epoch_loss", progress.epoch_loss},
+      {"train_seconds", progress.train_seconds},
+      {"epochs", epochs},
+      {"metrics_csv", progress.csv},
+      {"cycles",
+       progress.cycles}}.dump();
+  // The loader's order is a pure function of (seed, epoch): that pair is its whole RNG state.
+  checkpoint.rng_states["loader_shuffle"] = nlohmann::json{
+      {"generator", "mt19937_64 Fisher-Yates, seeded from (seed, epoch)"},
+      {"seed", c.seed},
+      {"shuffle", c.shuffle},
+      {"epoch", progress.epoch}}.dump();
+  char name[64];
+  std::snprintf(name, sizeof name, "checkpoint-%06llu.h5",
+                static_cast<unsigned long long>(progress.host_step));
+  const std::string path = (std::filesystem::path(c.run_dir) / name).string();
+  host::save_checkpoint(path, checkpoint);
+  written.push_back(path);
+  while (c.checkpoint_keep > 0 && written.size() > c.checkpoint_keep) {
+    std::error_code ignored;
+    std::filesystem::remove(written.front(), ignored);
+    written.pop_front();
+  }
+  std::cout << "  checkpoint " << path << " ("
+            << (progress.step == 0
+                    ? "after epoch " + std::to_string(progress.epoch) + " and its evaluation"
+                    : "epoch " + std::to_string(progress.epoch + 1) + ", step " +
+                          std::to_string(progress.step) + " of " +
+                          std::to_string(startup.train_steps))
+            << ")" << std::endl;
+}
+
+// Reads --resume, checks that this run continues the checkpoint's, and fills the start-up
+// record and the host's progress from it. UsageError / CheckpointError on a mismatch.
+host::Checkpoint load_resume(const TrainConfig& c, Startup& startup, Progress& progress) {
+  host::Checkpoint checkpoint = host::load_checkpoint(c.resume);
+  nlohmann::json saved, state;
+  try {
+    saved = nlohmann::json::parse(checkpoint.config_json);
+    state = nlohmann::json::parse(checkpoint.state_json);
+  } catch (const nlohmann::json::exception& e) {
+    throw host::CheckpointError("checkpoint '" + c.resume +
+                                "' has a damaged configuration or state record: " + e.what());
+  }
+  std::vector<std::string> differences = resume_differences(c, saved);
+  const nlohmann::json now = checkpoint_config(c, startup);
+  for (const char* key : {"train_steps", "test_steps", "sample_shape", "classes"})
+    if (saved.value(key, nlohmann::json()) != now.at(key))
+      differences.push_back(std::string("data ") + key + ": checkpoint " +
+                            saved.value(key, nlohmann::json()).dump() + ", this run " +
+                            now.at(key).dump() + " (another data file?)");
+  if (!differences.empty()) {
+    std::string list;
+    for (const auto& d : differences) list += (list.empty() ? "" : "; ") + d;
+    throw UsageError("cannot resume from '" + c.resume +
+                     "': this run differs from the checkpoint's: " + list +
+                     " (resume with the same options, or start afresh without --resume)");
+  }
+  progress.epoch = state.at("epoch");
+  progress.step = state.at("step");
+  progress.host_step = state.at("host_step");
+  progress.epoch_loss = state.at("epoch_loss");
+  progress.train_seconds = state.at("train_seconds");
+  for (const auto& m : state.at("epochs")) progress.epochs.push_back(metrics_from_json(m));
+  progress.csv = state.at("metrics_csv");
+  progress.cycles = state.at("cycles").get<std::vector<std::uint64_t>>();
+  if (progress.epoch >= c.epochs)
+    throw UsageError("cannot resume from '" + c.resume + "': it was written after epoch " +
+                     std::to_string(progress.epoch) + " (host step " +
+                     std::to_string(progress.host_step) + ") and --epochs " +
+                     std::to_string(c.epochs) + " leaves nothing to train; raise --epochs");
+  startup.resume = true;
+  startup.resume_epoch = progress.epoch;
+  startup.resume_step = progress.step;
+  startup.resume_host_step = progress.host_step;
+  startup.resume_cycles = progress.cycles;
+  for (const auto& [name, array] : checkpoint.tensors) startup.resume_shapes[name] = array.shape;
+  std::cout << "ipupod: resuming from " << c.resume << " at epoch " << progress.epoch + 1
+            << ", step " << progress.step << " (host step " << progress.host_step << ")"
+            << std::endl;
+  return checkpoint;
+}
+
 }  // namespace
 
 int run_host(const TrainConfig& c, MPI_Comm world) {
   Startup startup;
   std::unique_ptr<host::Loader> train, test;
   std::unique_ptr<host::StreamServer> server;
+  Progress progress;
+  host::Checkpoint resume;
   const auto timeout = std::chrono::milliseconds(static_cast<long>(c.timeout_s * 1000));
   try {
     train = std::make_unique<host::Loader>(
@@ -133,8 +282,15 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
                                                                      .log = {}});
     startup.address = c.bind_address == "0.0.0.0" ? boost::asio::ip::host_name() : c.bind_address;
     startup.port = server->port();
+    if (!c.resume.empty()) resume = load_resume(c, startup, progress);
     std::filesystem::create_directories(c.run_dir);
   } catch (const host::DatasetError& e) {
+    startup.status = 2;
+    startup.message = e.what();
+  } catch (const host::CheckpointError& e) {
+    startup.status = 2;
+    startup.message = "cannot resume: " + std::string(e.what());
+  } catch (const UsageError& e) {
     startup.status = 2;
     startup.message = e.what();
   } catch (const std::exception& e) {
@@ -148,7 +304,29 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
     std::cerr << "ipupod train: " << startup.message << "\n";
     return startup.status;
   }
+  if (startup.resume) {
+    // The IPUs check the checkpoint's tensors against their compiled model; IPU 0 (rank 1)
+    // says what does not fit.
+    int status = 0, verdict = 0;
+    MPI_Allreduce(&status, &verdict, 1, MPI_INT, MPI_MAX, world);
+    if (verdict != 0) {
+      int length = 0;
+      MPI_Recv(&length, 1, MPI_INT, 1, 0, world, MPI_STATUS_IGNORE);
+      std::string message(static_cast<std::size_t>(length), '\0');
+      MPI_Recv(message.data(), length, MPI_CHAR, 1, 0, world, MPI_STATUS_IGNORE);
+      std::cerr << "ipupod train: cannot resume from '" << c.resume << "': " << message << "\n";
+      return verdict;
+    }
+  }
   server->accept_clients();
+  if (startup.resume) {
+    for (std::size_t r = 0; r < c.replicas; ++r) {
+      std::uint64_t index = 0;
+      for (const auto& [name, array] : resume.tensors)
+        server->send(r, {kCheckpointFrames, index++, array});
+    }
+    resume = {};
+  }
   const ipu::ArchPreset& arch = ipu::ArchPreset::get(c.arch);
   const std::size_t micro_batches_per_step = c.gradient_accumulation * c.device_iterations;
   const std::size_t samples_per_host_step = c.samples_per_replica_step() * c.replicas;
@@ -164,16 +342,18 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
   for (std::size_t r = 0; r < c.replicas; ++r)
     feeders.emplace_back([&, r] {
       try {
-        std::uint64_t step = 0;
-        for (std::size_t e = 0; e < c.epochs; ++e) {
-          for (std::size_t s = 0; s < startup.train_steps; ++s, ++step) {
-            const host::Batch b = train->batch(e, s, r);
+        std::uint64_t step = startup.resume_host_step;
+        for (std::size_t e = startup.resume_epoch; e < c.epochs; ++e) {
+          const std::size_t first = e == startup.resume_epoch ? startup.resume_step : 0;
+          for (std::size_t s = first; s < startup.train_steps; ++s, ++step) {
+            host::Batch b = train->batch(e, s, r);
+            std::vector<std::size_t> input_shape = b.inputs.shape, label_shape = b.targets.shape;
+            input_shape[0] = label_shape[0] = c.micro_batch;
             for (std::size_t m = 0; m < micro_batches_per_step; ++m) {
-              server->send(r, {kInputFrames, step,
-                               slice_samples(b.inputs, m * c.micro_batch, c.micro_batch)});
-              server->send(r, {kLabelFrames, step,
-                               slice_samples(b.targets, m * c.micro_batch, c.micro_batch)});
+              server->send(r, micro_batch_frame(kInputFrames, step, b.inputs, m, input_shape));
+              server->send(r, micro_batch_frame(kLabelFrames, step, b.targets, m, label_shape));
             }
+            train->recycle(std::move(b));
           }
           for (std::size_t t = 0; t < startup.test_steps; ++t) {
             const host::Batch b = test->batch(0, t, r);
@@ -189,18 +369,34 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
     });
 
   std::ostringstream csv;
-  csv << "epoch,step,loss,measured_samples_per_s\n";
-  std::vector<EpochMetrics> epochs;
-  double train_seconds = 0;
+  csv << (progress.csv.empty() ? "epoch,step,loss,measured_samples_per_s\n" : progress.csv);
+  std::vector<EpochMetrics> epochs = progress.epochs;
+  double train_seconds = progress.train_seconds;
   std::vector<std::uint64_t> cycle_parts;
   std::uint64_t max_cycles = 0;
+  std::deque<std::string> checkpoints_written;
+  const std::size_t every = c.checkpoint_every;
+  // Replica 0's tensors and the host's figures as they stand after `host_step` host steps.
+  const auto checkpoint = [&](std::size_t e, std::size_t next_step, std::uint64_t host_step,
+                              double epoch_loss, double seconds) {
+    Progress now;
+    now.epoch = e;
+    now.step = next_step;
+    now.host_step = host_step;
+    now.epoch_loss = epoch_loss;
+    now.train_seconds = seconds;
+    now.epochs = epochs;
+    now.csv = csv.str();
+    write_checkpoint(*server, c, startup, std::move(now), checkpoints_written);
+  };
   const std::size_t progress_every = std::max<std::size_t>(1, startup.train_steps / 5);
-  for (std::size_t e = 0; e < c.epochs; ++e) {
+  for (std::size_t e = startup.resume_epoch; e < c.epochs; ++e) {
     EpochMetrics m;
     m.epoch = e;
     const auto t0 = Clock::now();
-    double epoch_loss = 0;
-    for (std::size_t s = 0; s < startup.train_steps; ++s) {
+    const bool resumed_epoch = startup.resume && e == startup.resume_epoch;
+    double epoch_loss = resumed_epoch ? progress.epoch_loss : 0;
+    for (std::size_t s = resumed_epoch ? startup.resume_step : 0; s < startup.train_steps; ++s) {
       double step_loss = 0;
       for (std::size_t r = 0; r < c.replicas; ++r)
         for (std::size_t k = 0; k < micro_batches_per_step; ++k)
@@ -217,6 +413,11 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
                   << startup.train_steps << "  loss " << std::fixed << std::setprecision(4)
                   << step_loss << "  " << std::setprecision(0) << done / elapsed
                   << " samples/s (emulator)" << std::endl;
+      const std::uint64_t done_steps = e * startup.train_steps + s + 1;
+      // A checkpoint due at the end of an epoch waits for its evaluation (below).
+      if (every > 0 && done_steps % every == 0 && s + 1 < startup.train_steps)
+        checkpoint(e, s + 1, done_steps, epoch_loss,
+                   train_seconds + std::chrono::duration<double>(Clock::now() - t0).count());
     }
     train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     m.train_loss = epoch_loss / static_cast<double>(std::max<std::size_t>(startup.train_steps, 1));
@@ -261,6 +462,9 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
               << " samples/s measured, " << m.predicted_samples_per_s << " samples/s predicted on "
               << arch.name << std::endl;
     epochs.push_back(m);
+    const std::uint64_t done_steps = (e + 1) * startup.train_steps;
+    if (every > 0 && (done_steps % every == 0 || e + 1 == c.epochs))
+      checkpoint(e + 1, 0, done_steps, 0, train_seconds);
   }
   for (auto& f : feeders) f.join();
 
@@ -326,22 +530,7 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
                           {"predicted_samples_per_s", m.predicted_samples_per_s}});
   const EpochMetrics& last = epochs.back();
   nlohmann::json summary = {
-      {"config",
-       {{"model", c.model},
-        {"hidden", c.hidden},
-        {"width", c.width},
-        {"data", c.data},
-        {"arch", c.arch},
-        {"topology", c.topology},
-        {"replicas", c.replicas},
-        {"stages", c.stages},
-        {"micro_batch", c.micro_batch},
-        {"gradient_accumulation", c.gradient_accumulation},
-        {"device_iterations", c.device_iterations},
-        {"epochs", c.epochs},
-        {"learning_rate", c.learning_rate},
-        {"seed", c.seed},
-        {"global_batch", c.global_batch()}}},
+      {"config", config_json(c)},
       {"samples_trained", static_cast<std::size_t>(host_steps) * samples_per_host_step},
       {"train_seconds", train_seconds},
       {"measured_samples_per_s", last.measured_samples_per_s},

@@ -2,6 +2,7 @@
 // the host's TCP streams, all-reduce gradients over the fabric, send losses and reports back.
 #include <cstring>
 #include <deque>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "fabric/collectives.hpp"
 #include "fabric/mpi_transport.hpp"
 #include "fabric/topology.hpp"
+#include "host/checkpoint.hpp"
 #include "host/stream_client.hpp"
 #include "ipu_process/engine.hpp"
 #include "models/interpreter.hpp"
@@ -41,6 +43,23 @@ void take_frame(host::StreamClient& client, StreamId expected, std::span<std::by
                              " bytes, got stream " + std::to_string(f.stream) + " with " +
                              std::to_string(f.array.bytes.size()) + " bytes");
   std::memcpy(dst.data(), f.array.bytes.data(), dst.size());
+}
+
+host::DType host_dtype(ipu::DType dtype) {
+  switch (dtype) {
+    case ipu::DType::f32:
+      return host::DType::f32;
+    case ipu::DType::f16:
+      return host::DType::f16;
+    case ipu::DType::i32:
+      return host::DType::i32;
+    case ipu::DType::u32:
+      return host::DType::u32;
+    case ipu::DType::u8:
+      return host::DType::u8;
+  }
+  throw std::logic_error("no host dtype for device dtype " +
+                         std::to_string(static_cast<int>(dtype)));
 }
 
 host::HostArray cycles_array(const ipu::CycleBreakdown& c) {
@@ -108,6 +127,32 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
     engine.write(tensor, std::as_bytes(std::span(fill)));
   }
 
+  // Resuming: the host has read the checkpoint; every IPU checks it holds exactly the tensors
+  // its compiled model checkpoints, and IPU 0 tells the host what does not fit.
+  if (startup.resume) {
+    std::map<std::string, std::vector<std::size_t>> expected;
+    for (const auto& [name, tensor] : compiled.checkpointed) expected[name] = tensor.shape();
+    int status = 0, verdict = 0;
+    std::string message;
+    try {
+      host::check_compatible(startup.resume_shapes, startup.resume_host_step, expected);
+    } catch (const host::CheckpointError& e) {
+      status = 2;
+      message = e.what();
+    }
+    MPI_Allreduce(&status, &verdict, 1, MPI_INT, MPI_MAX, world);
+    if (verdict != 0) {
+      if (rank == 1) {
+        int length = static_cast<int>(message.size());
+        MPI_Send(&length, 1, MPI_INT, 0, 0, world);
+        MPI_Send(message.data(), length, MPI_CHAR, 0, 0, world);
+      }
+      MPI_Comm_free(&pipeline_comm);
+      MPI_Comm_free(&replicas_comm);
+      return verdict;
+    }
+  }
+
   const auto timeout = std::chrono::milliseconds(static_cast<long>(config.timeout_s * 1000));
   // The host streams to and from the first stage of each replica only.
   std::optional<host::StreamClient> client;
@@ -118,7 +163,23 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
                                       .client_id = static_cast<std::size_t>(replica),
                                       .credits = 8,
                                       .timeout = timeout});
-  std::uint64_t step = 0;
+  std::uint64_t step = startup.resume_host_step;
+  if (startup.resume) {  // the checkpoint's tensors come first, in name order
+    const std::map<std::string, ipu::Tensor> by_name(compiled.checkpointed.begin(),
+                                                     compiled.checkpointed.end());
+    host::Frame frame;
+    for (const auto& [name, shape] : startup.resume_shapes) {
+      client->receive(frame);
+      const ipu::Tensor& tensor = by_name.at(name);
+      const std::size_t bytes = tensor.elements() * ipu::dtype_size(tensor.dtype());
+      if (frame.stream != kCheckpointFrames || frame.array.bytes.size() != bytes)
+        throw std::runtime_error("resuming: expected checkpoint tensor '" + name + "' (" +
+                                 std::to_string(bytes) + " bytes) from the host, got stream " +
+                                 std::to_string(frame.stream) + " with " +
+                                 std::to_string(frame.array.bytes.size()) + " bytes");
+      engine.write(tensor, frame.array.bytes);
+    }
+  }
   engine.connect_input_stream(
       kInputStream, [&](std::span<std::byte> dst) { take_frame(*client, kInputFrames, dst); });
   engine.connect_input_stream(
@@ -209,14 +270,44 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
   // host fail first with a less useful message).
   try {
     ipu::CycleBreakdown training;
-    for (std::size_t epoch = 0; epoch < config.epochs; ++epoch) {
-      for (std::size_t s = 0; s < startup.train_steps; ++s, ++step) {
+    if (startup.resume && startup.resume_cycles.size() == 5) {
+      const auto& c = startup.resume_cycles;
+      training.compute = c[0], training.exchange = c[1], training.sync = c[2];
+      training.host = c[3], training.fabric = c[4];
+    }
+    // Replica 0 sends the host what a checkpoint holds: a manifest, then each tensor.
+    const auto send_checkpoint = [&] {
+      if (replica != 0) return;
+      nlohmann::json names = nlohmann::json::array();
+      for (const auto& [name, tensor] : compiled.checkpointed) names.push_back(name);
+      const std::string manifest = nlohmann::json{
+          {"names", names},
+          {"cycles",
+           {training.compute, training.exchange, training.sync, training.host,
+            training.fabric}}}.dump();
+      client->send(
+          {kCheckpointFrames, step,
+           array_of(host::DType::u8, {manifest.size()}, std::as_bytes(std::span(manifest)))});
+      for (const auto& [name, tensor] : compiled.checkpointed) {
+        const std::vector<std::byte> bytes = engine.read(tensor);
+        client->send(host::FrameView(kCheckpointFrames, step, host_dtype(tensor.dtype()),
+                                     tensor.shape(), bytes));
+      }
+    };
+    const std::size_t every = config.checkpoint_every;
+    for (std::size_t epoch = startup.resume_epoch; epoch < config.epochs; ++epoch) {
+      const std::size_t first = epoch == startup.resume_epoch ? startup.resume_step : 0;
+      for (std::size_t s = first; s < startup.train_steps; ++s, ++step) {
         const ipu::CycleBreakdown before = engine.cycles();
         engine.run("train");
         training += engine.cycles() - before;
+        // The host mirrors these conditions (host_role.cpp); one due at the end of an epoch
+        // waits for the evaluation.
+        if (every > 0 && (step + 1) % every == 0 && s + 1 < startup.train_steps) send_checkpoint();
       }
       if (client) client->send({kCycleFrames, step, cycles_array(training)});
       for (std::size_t t = 0; t < startup.test_steps; ++t) engine.run("eval");
+      if (every > 0 && (step % every == 0 || epoch + 1 == config.epochs)) send_checkpoint();
     }
 
     finish_sends(true);

@@ -61,6 +61,18 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
   train
       .add_option("--timeout", c.timeout_s, "Seconds a host<->IPU stream may stall before failing")
       ->capture_default_str();
+  train
+      .add_option("--checkpoint-every", c.checkpoint_every,
+                  "Write a checkpoint (weights, optimizer state, position) every N host steps "
+                  "and at the end, as RUN_DIR/checkpoint-<host step>.h5 (0: none)")
+      ->capture_default_str();
+  train
+      .add_option("--checkpoint-keep", c.checkpoint_keep,
+                  "Newest checkpoints of this run to keep (0: all)")
+      ->capture_default_str();
+  train.add_option("--resume", c.resume,
+                   "Continue from a checkpoint; the run ends bitwise identical to one never "
+                   "stopped (same options, --epochs may grow)");
   train.footer(
       "Run under MPI with 1 + replicas x stages ranks: rank 0 is the host, the others are IPUs.\n"
       "  mpirun -n 3 ipupod train --model mlp --data fashion-mnist.h5 --replicas 2");

@@ -10,11 +10,21 @@ Startup broadcast_startup(const Startup& s, int root, MPI_Comm comm) {
   MPI_Comm_rank(comm, &rank);
   std::string text;
   if (rank == root)
-    text = nlohmann::json{{"status", s.status},        {"message", s.message},
-                          {"address", s.address},      {"port", s.port},
-                          {"secret", s.secret},        {"sample_shape", s.sample_shape},
-                          {"classes", s.classes},      {"train_steps", s.train_steps},
-                          {"test_steps", s.test_steps}}
+    text = nlohmann::json{{"status", s.status},
+                          {"message", s.message},
+                          {"address", s.address},
+                          {"port", s.port},
+                          {"secret", s.secret},
+                          {"sample_shape", s.sample_shape},
+                          {"classes", s.classes},
+                          {"train_steps", s.train_steps},
+                          {"test_steps", s.test_steps},
+                          {"resume", s.resume},
+                          {"resume_epoch", s.resume_epoch},
+                          {"resume_step", s.resume_step},
+                          {"resume_host_step", s.resume_host_step},
+                          {"resume_cycles", s.resume_cycles},
+                          {"resume_shapes", s.resume_shapes}}
                .dump();
   unsigned long long length = text.size();
   MPI_Bcast(&length, 1, MPI_UNSIGNED_LONG_LONG, root, comm);
@@ -31,6 +41,12 @@ Startup broadcast_startup(const Startup& s, int root, MPI_Comm comm) {
   out.classes = j.at("classes");
   out.train_steps = j.at("train_steps");
   out.test_steps = j.at("test_steps");
+  out.resume = j.at("resume");
+  out.resume_epoch = j.at("resume_epoch");
+  out.resume_step = j.at("resume_step");
+  out.resume_host_step = j.at("resume_host_step");
+  out.resume_cycles = j.at("resume_cycles").get<std::vector<std::uint64_t>>();
+  out.resume_shapes = j.at("resume_shapes").get<std::map<std::string, std::vector<std::size_t>>>();
   return out;
 }
 

@@ -1,0 +1,176 @@
+// Checkpoints and --resume of `ipupod train` under mpirun, as a user runs them: a run stopped
+// after one epoch (or in the middle of one) and resumed ends bitwise identical to a run never
+// stopped; a resume that does not fit the run fails with exit code 2 and says what differs.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "host/checkpoint.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code = -1;
+  std::string output;
+};
+
+// Runs a shell command with a hard time limit; returns its exit code and combined output.
+Result run(const std::string& command) {
+  Result r;
+  const std::string full = "timeout 600 " + command + " 2>&1";
+  FILE* pipe = popen(full.c_str(), "r");
+  if (!pipe) return r;
+  char buffer[4096];
+  while (std::fgets(buffer, sizeof buffer, pipe)) r.output += buffer;
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class PodResume : public ::testing::Test {
+ protected:
+  static fs::path dir() {
+    return fs::temp_directory_path() / ("ipupod_pod_resume_" + std::to_string(getpid()));
+  }
+  static fs::path data() { return dir() / "fashion-mnist-small.h5"; }
+
+  static void SetUpTestSuite() {
+    fs::create_directories(dir());
+    const Result r = run(std::string(IPUPOD_BINARY) + " data fashion-mnist --out " +
+                         data().string() + " --limit-train 1200 --limit-test 200");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir()); }
+
+  // 2 replicas x 10 samples x accumulation 2 x 2 device iterations: 80 samples per host step,
+  // 15 host steps per epoch.
+  static Result train(const std::string& run_dir, const std::string& options,
+                      const std::string& hidden = "32") {
+    return run(std::string(IPUPOD_MPIEXEC) + " -n 3 --oversubscribe --allow-run-as-root " +
+               IPUPOD_BINARY + " train --model mlp --hidden " + hidden + " --data " +
+               data().string() +
+               " --replicas 2 --micro-batch 10 --gradient-accumulation 2 --device-iterations 2"
+               " --learning-rate 0.1 --arch tiny --topology m2000 --run-dir " +
+               (dir() / run_dir).string() + " " + options);
+  }
+
+  static nlohmann::json summary(const std::string& run_dir) {
+    std::ifstream in(dir() / run_dir / "summary.json");
+    return nlohmann::json::parse(in);
+  }
+
+  // The loss column of metrics.csv (the last column is wall-clock throughput).
+  static std::vector<std::string> losses(const std::string& run_dir) {
+    std::ifstream in(dir() / run_dir / "metrics.csv");
+    std::vector<std::string> out;
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) out.push_back(line.substr(0, line.rfind(',')));
+    return out;
+  }
+
+  static void expect_same_tensors(const fs::path& a, const fs::path& b) {
+    const ipupod::host::Checkpoint x = ipupod::host::load_checkpoint(a.string());
+    const ipupod::host::Checkpoint y = ipupod::host::load_checkpoint(b.string());
+    EXPECT_EQ(x.step, y.step);
+    ASSERT_FALSE(x.tensors.empty());
+    ASSERT_EQ(x.tensors.size(), y.tensors.size());
+    for (const auto& [name, array] : x.tensors) {
+      ASSERT_EQ(y.tensors.count(name), 1u) << name;
+      EXPECT_EQ(array.dtype, y.tensors.at(name).dtype) << name;
+      EXPECT_EQ(array.shape, y.tensors.at(name).shape) << name;
+      EXPECT_TRUE(array.bytes == y.tensors.at(name).bytes) << name << " differs";
+    }
+  }
+
+  static void expect_same_metrics(const std::string& a, const std::string& b) {
+    const auto x = summary(a).at("epochs"), y = summary(b).at("epochs");
+    ASSERT_EQ(x.size(), y.size());
+    for (std::size_t e = 0; e < x.size(); ++e)
+      for (const char* key :
+           {"train_loss", "test_loss", "test_accuracy", "predicted_samples_per_s"})
+        EXPECT_EQ(x[e].at(key), y[e].at(key)) << "epoch " << e + 1 << " " << key;
+    EXPECT_EQ(losses(a), losses(b));
+  }
+};
+
+TEST_F(PodResume, StoppedAndResumedRunsEndBitwiseIdenticalToAStraightRun) {
+  const Result straight = train("straight", "--epochs 2 --checkpoint-every 4 --checkpoint-keep 0");
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  // Every 4 host steps (mid-epoch when 4 does not divide 15) and at the end.
+  for (const char* name : {"checkpoint-000004.h5", "checkpoint-000016.h5", "checkpoint-000030.h5"})
+    EXPECT_TRUE(fs::exists(dir() / "straight" / name)) << name;
+  const fs::path final_checkpoint = dir() / "straight" / "checkpoint-000030.h5";
+
+  // One epoch, then a second from its final checkpoint (written after the evaluation).
+  const Result first = train("first", "--epochs 1 --checkpoint-every 100");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const Result second = train("second", "--epochs 2 --checkpoint-every 4 --resume " +
+                                            (dir() / "first" / "checkpoint-000015.h5").string());
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find("resuming from"), std::string::npos) << second.output;
+  expect_same_tensors(final_checkpoint, dir() / "second" / "checkpoint-000030.h5");
+  expect_same_metrics("straight", "second");
+
+  // From the middle of the second epoch (host step 16 of 30).
+  const Result middle = train("middle", "--epochs 2 --checkpoint-every 4 --resume " +
+                                            (dir() / "straight" / "checkpoint-000016.h5").string());
+  ASSERT_EQ(middle.exit_code, 0) << middle.output;
+  expect_same_tensors(final_checkpoint, dir() / "middle" / "checkpoint-000030.h5");
+  expect_same_metrics("straight", "middle");
+  EXPECT_EQ(summary("straight").at("replica_weight_checksums"),
+            summary("middle").at("replica_weight_checksums"));
+
+  // The comparison can fail: training moves the weights between checkpoints.
+  const auto early =
+      ipupod::host::load_checkpoint((dir() / "straight" / "checkpoint-000004.h5").string());
+  const auto late = ipupod::host::load_checkpoint(final_checkpoint.string());
+  EXPECT_FALSE(early.tensors.at("fc0.weight").bytes == late.tensors.at("fc0.weight").bytes);
+  // --checkpoint-keep 2 (the default) leaves the newest two.
+  std::size_t kept = 0;
+  for (const auto& entry : fs::directory_iterator(dir() / "middle"))
+    kept += entry.path().extension() == ".h5";
+  EXPECT_EQ(kept, 2u);
+}
+
+TEST_F(PodResume, ResumeThatDoesNotFitTheRunIsBadInput) {
+  const Result saved = train("saved", "--epochs 1 --checkpoint-every 15");
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  const std::string checkpoint = (dir() / "saved" / "checkpoint-000015.h5").string();
+
+  const Result other_model = train("other", "--epochs 2 --resume " + checkpoint, "16");
+  EXPECT_EQ(other_model.exit_code, 2) << other_model.output;
+  EXPECT_NE(other_model.output.find("hidden: checkpoint [32], this run [16]"), std::string::npos)
+      << other_model.output;
+
+  const Result other_seed = train("seed", "--epochs 2 --seed 2 --resume " + checkpoint);
+  EXPECT_EQ(other_seed.exit_code, 2) << other_seed.output;
+  EXPECT_NE(other_seed.output.find("seed: checkpoint 1, this run 2"), std::string::npos)
+      << other_seed.output;
+
+  const Result finished = train("finished", "--epochs 1 --resume " + checkpoint);
+  EXPECT_EQ(finished.exit_code, 2) << finished.output;
+  EXPECT_NE(finished.output.find("leaves nothing to train; raise --epochs"), std::string::npos)
+      << finished.output;
+
+  const Result not_checkpoint = train("data", "--epochs 2 --resume " + data().string());
+  EXPECT_EQ(not_checkpoint.exit_code, 2) << not_checkpoint.output;
+  EXPECT_NE(not_checkpoint.output.find("not an ipupod checkpoint"), std::string::npos)
+      << not_checkpoint.output;
+
+  const Result missing = train("missing", "--epochs 2 --resume " + (dir() / "nope.h5").string());
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("does not exist"), std::string::npos) << missing.output;
+}
+
+}  // namespace
