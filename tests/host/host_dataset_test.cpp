@@ -2,6 +2,7 @@
 // validation error, each asserting that the message names the problem.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 
@@ -332,6 +333,31 @@ TEST(Dataset, DirectReadsMatchReadsThroughHdf5) {
   EXPECT_EQ(whole.read_inputs("train", indices).bytes, expected.bytes);
   EXPECT_EQ(direct.read_targets("train", indices).bytes,
             compressed.read_targets("train", indices).bytes);
+}
+
+TEST(DatasetErrors, FileTruncatedWhileOpenIsReportedNotACrash) {
+  // Direct reads copy rows out of a mapping of the file; reading a page that the file no longer
+  // has would kill the process (SIGBUS), so a shrunken file must be an error instead.
+  TempDir dir;
+  const std::string path = dir.file("plain.h5");
+  DatasetWriter writer(path, {.chunk_samples = 7, .deflate_level = 0});
+  writer.write_split("train", iota_f32({100, 2, 3}), iota_i32(100));
+  writer.write_split("test", iota_f32({5, 2, 3}), iota_i32(5));
+  writer.finish();
+  const DatasetFile file(path);
+  ASSERT_TRUE(file.reads_directly("train", Field::inputs));
+  const std::vector<std::size_t> last{99};
+  EXPECT_EQ(file.read_inputs("train", last).as<float>()[0], 99.0f * 6);
+  std::filesystem::resize_file(path, 2048);
+  try {
+    file.read_inputs("train", last);
+    FAIL() << "expected DatasetError";
+  } catch (const DatasetError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("'/train/inputs' of '" + path + "'"), std::string::npos) << message;
+    EXPECT_NE(message.find("the file is now 2048 bytes"), std::string::npos) << message;
+    EXPECT_NE(message.find("truncated or rewritten"), std::string::npos) << message;
+  }
 }
 
 TEST(Hdf5, ErrorsNameFileAndObject) {
