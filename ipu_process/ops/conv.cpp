@@ -364,6 +364,18 @@ void conv_grad_weight(const VertexContext& c) {
   const std::size_t taps = g.kh * g.kw, cstride = taps * 4;
   constexpr std::size_t kGroup = 4;  // input channels accumulated together
   std::vector<float> acc(kGroup * cstride);
+  // The columns the 4-wide chunks leave (borders and the interior's tail), with their kernel
+  // columns inside the image and the input column of the first.
+  struct BorderColumn {
+    std::size_t col, j0, j1, at;
+  };
+  std::vector<BorderColumn> borders;
+  const std::size_t done = lo + (hi - lo) / 4 * 4;
+  for (std::size_t col = 0; col < g.ow; ++col) {
+    if (col >= lo && col < done) continue;
+    const auto [j0, j1] = kernel_columns(col, g);
+    if (j0 < j1) borders.push_back({col, j0, j1, col * g.sw + j0 * g.dw - g.pl});
+  }
   for (std::size_t r = 0; r < c.regions(2); ++r) {
     auto out = c.region<float>(2, r);
     const std::size_t o = c.size_param(k + 7 + 4 * r), xoff = c.size_param(k + 8 + 4 * r),
@@ -383,18 +395,17 @@ void conv_grad_weight(const VertexContext& c) {
               xr[q] =
                   x + ((b * cc + xoff + cg + q) * hr + static_cast<std::size_t>(iy) - ir0) * g.w;
             float* ai = acc.data() + i * g.kw * 4;
-            const std::size_t ox =
-                g.sw == 1 ? weight_chunks<true>(ai, cstride, channels, xr, d, lo, hi, g)
-                          : weight_chunks<false>(ai, cstride, channels, xr, d, lo, hi, g);
-            // The remaining columns (borders and the interior's tail).
-            for (std::size_t col = 0; col < g.ow; ++col) {
-              if (col == lo && lo < ox) col = ox;
-              if (col >= g.ow) break;
-              const auto [j0, j1] = kernel_columns(col, g);
-              const std::size_t at = col * g.sw + j0 * g.dw - g.pl;
-              for (std::size_t q = 0; q < channels; ++q)
-                for (std::size_t j = j0; j < j1; ++j)
-                  ai[q * cstride + j * 4 + col % 4] += d[col] * xr[q][at + (j - j0) * g.dw];
+            if (g.sw == 1)
+              weight_chunks<true>(ai, cstride, channels, xr, d, lo, hi, g);
+            else
+              weight_chunks<false>(ai, cstride, channels, xr, d, lo, hi, g);
+            for (const BorderColumn& bc : borders) {
+              const float dv = d[bc.col];
+              for (std::size_t q = 0; q < channels; ++q) {
+                float* a = ai + q * cstride + bc.col % 4;
+                const float* xs = xr[q] + bc.at;
+                for (std::size_t j = bc.j0; j < bc.j1; ++j) a[j * 4] += dv * xs[(j - bc.j0) * g.dw];
+              }
             }
           }
         }
