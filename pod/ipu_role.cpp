@@ -35,8 +35,10 @@ host::HostArray array_of(host::DType dtype, std::vector<std::size_t> shape,
 }
 
 // Takes the next host frame into a device stream buffer, checking it is the one expected.
-void take_frame(host::StreamClient& client, StreamId expected, std::span<std::byte> dst) {
-  host::Frame f = client.receive();
+// `f` is kept between calls so that its payload buffer is reused for later frames.
+void take_frame(host::StreamClient& client, StreamId expected, std::span<std::byte> dst,
+                host::Frame& f) {
+  client.receive(f);
   if (f.stream != expected || f.array.bytes.size() != dst.size())
     throw std::runtime_error("host stream out of step: expected stream " +
                              std::to_string(expected) + " with " + std::to_string(dst.size()) +
@@ -180,10 +182,13 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
       engine.write(tensor, frame.array.bytes);
     }
   }
-  engine.connect_input_stream(
-      kInputStream, [&](std::span<std::byte> dst) { take_frame(*client, kInputFrames, dst); });
-  engine.connect_input_stream(
-      kLabelStream, [&](std::span<std::byte> dst) { take_frame(*client, kLabelFrames, dst); });
+  host::Frame incoming;
+  engine.connect_input_stream(kInputStream, [&](std::span<std::byte> dst) {
+    take_frame(*client, kInputFrames, dst, incoming);
+  });
+  engine.connect_input_stream(kLabelStream, [&](std::span<std::byte> dst) {
+    take_frame(*client, kLabelFrames, dst, incoming);
+  });
   engine.connect_output_stream(kLossStream, [&](std::span<const std::byte> src) {
     client->send({kLossFrames, step, array_of(host::DType::f32, {}, src)});
   });
