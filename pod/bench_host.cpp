@@ -9,6 +9,8 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -33,6 +35,7 @@ struct HostBenchOptions {
   std::size_t reader_threads = 1;
   std::size_t credits = 8;
   std::size_t runs = 5;
+  std::size_t warm_up_epochs = 1;
   double device_ms_per_step = 0;
   bool shuffle = true;
   std::uint64_t seed = 0;
@@ -64,25 +67,34 @@ double median(std::vector<double> values) {
 }
 
 // The peer: every row of inputs and targets, in file order, in blocks, into one reused buffer.
+// With warm-up passes, only the last pass is timed (the file stays open, the buffer allocated).
 double raw_read_bytes_per_s(const HostBenchOptions& o, std::size_t& bytes, double& cpu_seconds) {
-  const auto start = Clock::now();
-  const double cpu_start = process_cpu_seconds();
+  auto start = Clock::now();
+  double cpu_start = process_cpu_seconds();
   const host::h5::File file = host::h5::File::open(o.data, true);
   const host::h5::Group group = file.open_group(o.split);
-  bytes = 0;
   std::vector<std::byte> buffer;
-  for (const char* name : {"inputs", "targets"}) {
-    const host::h5::Dataset dataset = group.open_dataset(name);
-    host::DType dtype = host::DType::f32;
-    if (!dataset.stored_dtype(dtype)) throw host::DatasetError(std::string("bad dtype of ") + name);
-    const std::vector<std::size_t> shape = dataset.dims();
-    const std::size_t row_bytes = host::shape_elements(shape) / shape[0] * host::dtype_size(dtype);
-    const std::size_t block = std::max<std::size_t>(1, kRawBlockBytes / row_bytes);
-    buffer.resize(block * row_bytes);
-    for (std::size_t first = 0; first < shape[0]; first += block) {
-      const std::size_t count = std::min(block, shape[0] - first);
-      dataset.read_rows(first, count, dtype, buffer.data());
-      bytes += count * row_bytes;
+  for (std::size_t pass = 0; pass <= o.warm_up_epochs; ++pass) {
+    if (pass == o.warm_up_epochs && pass > 0) {
+      start = Clock::now();
+      cpu_start = process_cpu_seconds();
+    }
+    bytes = 0;
+    for (const char* name : {"inputs", "targets"}) {
+      const host::h5::Dataset dataset = group.open_dataset(name);
+      host::DType dtype = host::DType::f32;
+      if (!dataset.stored_dtype(dtype))
+        throw host::DatasetError(std::string("bad dtype of ") + name);
+      const std::vector<std::size_t> shape = dataset.dims();
+      const std::size_t row_bytes =
+          host::shape_elements(shape) / shape[0] * host::dtype_size(dtype);
+      const std::size_t block = std::max<std::size_t>(1, kRawBlockBytes / row_bytes);
+      buffer.resize(block * row_bytes);
+      for (std::size_t first = 0; first < shape[0]; first += block) {
+        const std::size_t count = std::min(block, shape[0] - first);
+        dataset.read_rows(first, count, dtype, buffer.data());
+        bytes += count * row_bytes;
+      }
     }
   }
   cpu_seconds = process_cpu_seconds() - cpu_start;
@@ -97,8 +109,9 @@ struct StreamResult {
   std::size_t prefetched = 0, synchronous = 0;
 };
 
-// One epoch of the split to `clients` IPU clients in this process, one feeder thread per replica
-// as in `ipupod train`. Time runs from the loader's creation to the last client's last frame.
+// Epochs of the split to `clients` IPU clients in this process, one feeder thread per replica as
+// in `ipupod train`; the last one is measured (with no warm-up, from the loader's creation to
+// the last client's last frame).
 StreamResult stream_epoch(const HostBenchOptions& o) {
   const std::string secret = host::make_secret();
   host::StreamServer server({.bind_address = "127.0.0.1",
@@ -140,11 +153,13 @@ StreamResult stream_epoch(const HostBenchOptions& o) {
   for (std::size_t r = 0; r < o.clients; ++r) {
     feeders.emplace_back([&, r] {
       try {
-        for (std::size_t s = 0; s < steps; ++s) {
-          host::Batch batch = loader.batch(0, s, r);
-          server.send(r, {kInputStream, s, batch.inputs});
-          server.send(r, {kTargetStream, s, batch.targets});
-          loader.recycle(std::move(batch));
+        for (std::size_t e = 0; e <= o.warm_up_epochs; ++e) {
+          for (std::size_t s = 0; s < steps; ++s) {
+            host::Batch batch = loader.batch(e, s, r);
+            server.send(r, {kInputStream, e * steps + s, batch.inputs});
+            server.send(r, {kTargetStream, e * steps + s, batch.targets});
+            loader.recycle(std::move(batch));
+          }
         }
       } catch (...) {
         failures[r] = std::current_exception();
@@ -152,41 +167,57 @@ StreamResult stream_epoch(const HostBenchOptions& o) {
       }
     });
   }
-  // Each client copies its frames into a "device" buffer (the stream copy into tile memory) and
-  // optionally spends an emulated compute time per step; it measures how long it waited.
+  // Each client takes its frames (checked by CRC into its receive buffer, as the raw loop reads
+  // into its buffer) and optionally spends an emulated compute time per step; it measures how
+  // long it waited.
+  // Only the last epoch is measured: from the first client's end of the warm-up epochs (a
+  // conservative start: the others may still be finishing theirs) to the last client's end.
   std::vector<double> waited(o.clients), busy(o.clients);
   std::vector<std::size_t> received(o.clients);
+  std::mutex mark_mutex;
+  std::optional<Clock::time_point> measured_from;
+  double cpu_from = 0;
   std::vector<std::thread> devices;
   for (std::size_t c = 0; c < o.clients; ++c) {
     devices.emplace_back([&, c] {
       try {
         host::Frame frame;
-        for (std::size_t s = 0; s < steps; ++s) {
+        Clock::time_point client_from = start;
+        for (std::size_t position = 0; position < (o.warm_up_epochs + 1) * steps; ++position) {
+          if (position == o.warm_up_epochs * steps && position > 0) {
+            client_from = Clock::now();
+            std::lock_guard<std::mutex> guard(mark_mutex);
+            if (!measured_from) {
+              measured_from = client_from;
+              cpu_from = process_cpu_seconds();
+            }
+          }
+          const bool measured = position >= o.warm_up_epochs * steps;
           for (std::uint16_t stream : {kInputStream, kTargetStream}) {
             const auto asked = Clock::now();
             clients[c]->receive(frame);
-            waited[c] += seconds_since(asked);
-            if (frame.stream != stream || frame.step != s) {
+            if (measured) waited[c] += seconds_since(asked);
+            if (frame.stream != stream || frame.step != position) {
               throw std::runtime_error("client " + std::to_string(c) + " got stream " +
                                        std::to_string(frame.stream) + " step " +
                                        std::to_string(frame.step) + " out of order");
             }
-            received[c] += frame.array.bytes.size();
+            if (measured) received[c] += frame.array.bytes.size();
           }
           if (o.device_ms_per_step > 0) {
             std::this_thread::sleep_for(
                 std::chrono::duration<double, std::milli>(o.device_ms_per_step));
           }
         }
-        busy[c] = seconds_since(start);
+        busy[c] = seconds_since(client_from);
       } catch (...) {
         failures[o.clients + c] = std::current_exception();
       }
     });
   }
   for (auto& device : devices) device.join();
-  const double elapsed = seconds_since(start);
-  const double cpu_seconds = process_cpu_seconds() - cpu_start;
+  const double elapsed = seconds_since(measured_from.value_or(start));
+  const double cpu_seconds = process_cpu_seconds() - (measured_from ? cpu_from : cpu_start);
   for (auto& feeder : feeders) feeder.join();
   for (const auto& failure : failures) {
     if (failure) std::rethrow_exception(failure);
@@ -226,7 +257,8 @@ int run_host_bench(const HostBenchOptions& o) {
               << " clients over loopback TCP, " << o.samples_per_step
               << " samples per replica step, " << (o.shuffle ? "shuffled" : "in file order")
               << ", prefetch " << o.prefetch_steps << " steps by " << o.reader_threads
-              << " threads, " << o.credits << " credits; reads "
+              << " threads, " << o.credits << " credits; " << o.warm_up_epochs
+              << " warm-up epoch(s) per run; reads "
               << (file.reads_directly(o.split, host::Field::inputs) ? "directly (mapped file)"
                                                                     : "through HDF5")
               << "; " << o.runs << " runs" << std::endl;
@@ -303,6 +335,10 @@ void add_host_bench(CLI::App& bench, int& exit_code) {
                    "Emulated device time per host step on each client (0: take data only)")
       ->capture_default_str();
   host->add_option("--runs", options->runs, "Repetitions; medians are reported")
+      ->capture_default_str();
+  host->add_option("--warm-up-epochs", options->warm_up_epochs,
+                   "Epochs streamed (and passes read) before the measured one, with the same "
+                   "connections, loader and buffers (0: measure the first, set-up included)")
       ->capture_default_str();
   host->add_option("--seed", options->seed, "Shuffle seed")->capture_default_str();
   host->add_flag("!--no-shuffle", options->shuffle, "Stream each epoch in file order");
