@@ -38,9 +38,14 @@ void build_mlp(Model& m, Builder&, const ModelOptions& o) {
   m.input = g.input("input", {DType::f32, shape});
   m.labels = g.input("labels", {DType::i32, {o.micro_batch}});
   ValueId x = g.reshape(m.input, {o.micro_batch, features}, "flatten");
-  for (std::size_t i = 0; i < o.hidden.size(); ++i)
+  // Pipeline split marks: the linear layers spread evenly over the stages.
+  const std::size_t layers = o.hidden.size() + 1;
+  for (std::size_t i = 0; i < o.hidden.size(); ++i) {
+    g.set_stage(even_stage(i, layers, o.pipeline_stages));
     x = g.relu(linear_in_out(g, x, o.hidden[i], "fc" + std::to_string(i)),
                "relu" + std::to_string(i));
+  }
+  g.set_stage(even_stage(layers - 1, layers, o.pipeline_stages));
   m.logits = linear_in_out(g, x, o.classes, "head");
   m.loss = g.softmax_cross_entropy(m.logits, m.labels, "loss");
 }

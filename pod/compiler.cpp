@@ -1,6 +1,7 @@
 // Lowering of IR ops onto the device, one op library call per op.
 #include "pod/compiler.hpp"
 
+#include <set>
 #include <stdexcept>
 
 #include "ipu_process/ops/common.hpp"
@@ -125,6 +126,40 @@ ipu::ops::BinaryOp binary_op(const models::Op& op) {
   throw std::invalid_argument("op '" + op.name + "': unknown binary function");
 }
 
+// A value one stage makes and another uses, sent once per micro-batch on its own tag.
+struct Transfer {
+  models::ValueId value;
+  int from, to;
+  unsigned tag;
+};
+using Transfers = std::vector<Transfer>;
+
+int stage_of(const models::Graph& g, models::ValueId v) {
+  return g.producer(v).pipeline_stage;
+}
+
+// Every value used on a stage other than its producer's, once per using stage, and the
+// host-facing outputs that must reach stage 0; tags numbered from first_tag in graph order,
+// the same on every rank.
+Transfers plan_transfers(const models::Model& m, const std::vector<models::ValueId>& to_host,
+                         unsigned first_tag) {
+  Transfers out;
+  const auto add = [&](models::ValueId v, int to) {
+    const int from = stage_of(m.graph, v);
+    if (from == to) return;
+    for (const auto& t : out)
+      if (t.value == v && t.to == to) return;
+    out.push_back({v, from, to, first_tag + static_cast<unsigned>(out.size())});
+  };
+  for (const auto& op : m.graph.ops()) {
+    if (op.phase == Phase::optimizer || op.kind == OpKind::sgd_step) continue;
+    for (models::ValueId v : op.inputs)
+      if (m.graph.producer(v).kind != OpKind::constant) add(v, op.pipeline_stage);
+  }
+  for (models::ValueId v : to_host) add(v, 0);
+  return out;
+}
+
 class Lowering {
  public:
   explicit Lowering(CompiledModel& out) : out_(out) {}
@@ -136,10 +171,53 @@ class Lowering {
     owns_variables_ = owns_variables;
     tensors_.clear();
   }
-  // Lowers every op of the phase into prog, in graph order.
-  void lower_phase(Phase phase, ipu::Program& prog) {
-    for (const auto& op : model_->graph.ops())
-      if (op.phase == phase && op.kind != OpKind::sgd_step) lower(op, prog);
+  // Lowers every op of the phase that belongs to `stage` into prog, in graph order: values
+  // from other stages are received just before their first use here, values other stages
+  // use are sent as soon as they are made.
+  void lower_phase(Phase phase, ipu::Program& prog, int stage, const Transfers& transfers) {
+    for (const auto& op : model_->graph.ops()) {
+      if (op.phase != phase || op.kind == OpKind::sgd_step || op.pipeline_stage != stage) continue;
+      for (models::ValueId v : op.inputs) {
+        if (tensors_.count(v)) continue;
+        const models::Op& producer = model_->graph.producer(v);
+        if (producer.kind == OpKind::constant)
+          lower(producer, prog);  // every stage makes its own constants
+        else
+          receive(v, stage, transfers, prog);
+      }
+      lower(op, prog);
+      if (op.output) send(*op.output, stage, transfers, prog);
+    }
+  }
+  // The receive of a value this stage gets from another one.
+  void receive(models::ValueId v, int stage, const Transfers& transfers, ipu::Program& prog) {
+    for (const auto& t : transfers)
+      if (t.value == v && t.to == stage) {
+        const auto& info = model_->graph.info(v);
+        ipu::Graph& g = *out_.graph;
+        ipu::Tensor buf = g.add_variable(device_dtype(info.dtype), info.shape,
+                                         model_->graph.value(v).name + "/received");
+        g.map_linearly(buf, std::max<std::size_t>(1, info.elements() / g.tiles()));
+        prog.add(ipu::Program::receive(buf, static_cast<unsigned>(t.from), t.tag));
+        ++out_.transfers;
+        tensors_.emplace(v, buf);
+        return;
+      }
+    throw std::logic_error("pod compiler: stage " + std::to_string(stage) + " needs '" +
+                           model_->graph.value(v).name + "', which no transfer brings");
+  }
+  void send(models::ValueId v, int stage, const Transfers& transfers, ipu::Program& prog) {
+    for (const auto& t : transfers)
+      if (t.value == v && t.from == stage) {
+        prog.add(ipu::Program::send(tensor(v), static_cast<unsigned>(t.to), t.tag));
+        ++out_.transfers;
+      }
+  }
+  bool has(models::ValueId v) const { return tensors_.count(v) > 0; }
+  std::vector<models::ValueId> lowered() const {
+    std::vector<models::ValueId> ids;
+    for (const auto& [id, t] : tensors_) ids.push_back(id);
+    return ids;
   }
   const ipu::Tensor& tensor(models::ValueId id) const {
     auto it = tensors_.find(id);
@@ -375,19 +453,30 @@ class Lowering {
 
 CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset& arch,
                               const StepShape& shape, const models::Model* eval_model) {
+  const int stages = static_cast<int>(shape.stages), stage = static_cast<int>(shape.stage);
+  if (stages > 1 && model.graph.max_stage() + 1 != stages)
+    throw std::invalid_argument("model '" + model.name + "' is split into " +
+                                std::to_string(model.graph.max_stage() + 1) +
+                                " pipeline stages, the pod runs " + std::to_string(stages));
   CompiledModel out;
   out.graph = std::make_unique<ipu::Graph>(arch);
   ipu::Graph& g = *out.graph;
   Lowering lowering(out);
   lowering.set_model(model, true);
+  const Transfers transfers = plan_transfers(model, {model.loss}, 0);
 
   ipu::Program forward, backward;
-  lowering.lower_phase(Phase::forward, forward);
-  lowering.lower_phase(Phase::backward, backward);
-  out.input = lowering.tensor(model.input);
-  out.labels = lowering.tensor(model.labels);
-  out.logits = lowering.tensor(model.logits);
-  out.loss = lowering.tensor(model.loss);
+  lowering.lower_phase(Phase::forward, forward, stage, transfers);
+  const std::vector<models::ValueId> forward_values = lowering.lowered();
+  lowering.lower_phase(Phase::backward, backward, stage, transfers);
+  const bool host_side = stage == 0;
+  if (host_side) {
+    out.input = lowering.tensor(model.input);
+    out.labels = lowering.tensor(model.labels);
+    if (!lowering.has(model.loss)) lowering.receive(model.loss, 0, transfers, backward);
+    out.loss = lowering.tensor(model.loss);
+    if (lowering.has(model.logits)) out.logits = lowering.tensor(model.logits);
+  }
 
   // Gradient accumulators, laid out like their parameters (the optimizer works in place).
   ipu::Program zero_accumulators, accumulate, optimizer;
@@ -398,7 +487,7 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
                                   op.name +
                                   "') is not lowered onto the IPU yet; train with "
                                   "plain SGD for now");
-    if (op.kind != OpKind::sgd_step) continue;
+    if (op.kind != OpKind::sgd_step || op.pipeline_stage != stage) continue;
     const ipu::Tensor& param = out.parameters.at(op.inputs[0]);
     const ipu::Tensor& grad = lowering.tensor(op.inputs[1]);
     const std::string name = model.graph.value(op.inputs[0]).name;
@@ -413,33 +502,121 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
     ipu::ops::scaled_add_in_place(g, optimizer, param, acc, factor, name + "/sgd");
   }
 
-  ipu::Program micro_batch = ipu::Program::sequence(
-      {ipu::Program::stream_to_device(kInputStream, out.input),
-       ipu::Program::stream_to_device(kLabelStream, out.labels), forward, backward, accumulate,
-       ipu::Program::stream_from_device(kLossStream, out.loss)});
-  ipu::Program step = ipu::Program::sequence(
-      {zero_accumulators, ipu::Program::repeat(shape.gradient_accumulation, micro_batch)});
-  if (shape.replicas > 1) step.add(ipu::Program::all_reduce(accumulators, ipu::CollectiveOp::mean));
+  ipu::Program forward_mb, backward_mb = ipu::Program::sequence({backward, accumulate});
+  // The loss goes to the host right after it is made (a local loss would be overwritten by
+  // later forward passes before this micro-batch's backward pass in the grouped schedule),
+  // or after the backward pass once the last stage's copy has arrived.
+  const bool local_loss = stage_of(model.graph, model.loss) == stage;
+  if (host_side) {
+    forward_mb.add(ipu::Program::stream_to_device(kInputStream, out.input));
+    forward_mb.add(ipu::Program::stream_to_device(kLabelStream, out.labels));
+  }
+  forward_mb.add(forward);
+  if (host_side) {
+    (local_loss ? forward_mb : backward_mb)
+        .add(ipu::Program::stream_from_device(kLossStream, out.loss));
+  }
+  const std::size_t k = shape.gradient_accumulation;
+  ipu::Program step = ipu::Program::sequence({zero_accumulators});
+  if (stages == 1) {
+    step.add(ipu::Program::repeat(k, ipu::Program::sequence({forward_mb, backward_mb})));
+  } else if (!shape.grouped) {
+    // Sequential (sharded) execution: one micro-batch at a time, stage after stage forward and
+    // back; a sync after each stage's turn keeps every IPU's clock on the serial timeline.
+    ipu::Program micro_batch;
+    for (int slot = 0; slot < 2 * stages; ++slot) {
+      if (slot == stage) micro_batch.add(forward_mb);
+      if (slot == 2 * stages - 1 - stage) micro_batch.add(backward_mb);
+      micro_batch.add(ipu::Program::sync(ipu::SyncKind::external));
+    }
+    step.add(ipu::Program::repeat(k, micro_batch));
+  } else {
+    // Grouped pipeline: in slot t this stage runs the forward pass of micro-batch t - stage and
+    // the backward pass of micro-batch t - (2 (stages - 1) - stage); every slot ends with a
+    // sync across the replica's IPUs. Activations wait in a ring of stash slots in between.
+    if (k < shape.stages)
+      throw std::invalid_argument("the grouped pipeline needs gradient accumulation >= stages");
+    const std::size_t depth = 2 * (shape.stages - 1 - shape.stage) + 1;
+    out.stash_slots = depth;
+    std::vector<std::vector<std::pair<ipu::Tensor, ipu::Tensor>>> stash(depth);
+    if (depth > 1) {
+      std::set<models::ValueId> used_backward;
+      for (const auto& op : model.graph.ops())
+        if (op.phase == Phase::backward && op.pipeline_stage == stage)
+          used_backward.insert(op.inputs.begin(), op.inputs.end());
+      for (models::ValueId v : forward_values) {
+        const auto kind = model.graph.producer(v).kind;
+        if (!used_backward.count(v) || kind == OpKind::parameter || kind == OpKind::state ||
+            kind == OpKind::constant)
+          continue;
+        const ipu::Tensor& t = lowering.tensor(v);
+        for (std::size_t slot = 0; slot < depth; ++slot)
+          stash[slot].emplace_back(
+              t, ipu::ops::clone_like(g, t,
+                                      model.graph.value(v).name + "/stash" + std::to_string(slot),
+                                      ipu::MemoryCategory::activation, t.dtype()));
+      }
+    }
+    const auto stash_copy = [&](std::size_t slot, bool out_of_stash) {
+      std::vector<std::pair<ipu::Tensor, ipu::Tensor>> pairs;
+      for (const auto& [work, kept] : stash[slot])
+        pairs.emplace_back(out_of_stash ? kept : work, out_of_stash ? work : kept);
+      return pairs.empty() ? ipu::Program() : ipu::Program::copy(std::move(pairs));
+    };
+    const long long slots = static_cast<long long>(k + 2 * (shape.stages - 1));
+    const long long kk = static_cast<long long>(k);
+    for (long long t = 0; t < slots; ++t) {
+      const long long f = t - stage, b = t - (2 * (stages - 1) - stage);
+      ipu::Program slot;
+      if (f >= 0 && f < kk) {
+        slot.add(forward_mb);
+        if (depth > 1) slot.add(stash_copy(static_cast<std::size_t>(f) % depth, false));
+      }
+      if (b >= 0 && b < kk) {
+        if (depth > 1) slot.add(stash_copy(static_cast<std::size_t>(b) % depth, true));
+        slot.add(backward_mb);
+      }
+      slot.add(ipu::Program::sync(ipu::SyncKind::external));
+      step.add(slot);
+    }
+  }
+  if (shape.replicas > 1 && !accumulators.empty())
+    step.add(ipu::Program::all_reduce(accumulators, ipu::CollectiveOp::mean));
   step.add(optimizer);
   out.programs["train"] = ipu::Program::repeat(shape.device_iterations, step);
+
   // Evaluation runs the inference-mode model (running statistics, no dropout) on the same
-  // weights when one is given, else the training model's forward pass.
+  // weights when one is given, else the training model's forward pass; one batch at a time.
+  const models::Model& evaluated = eval_model ? *eval_model : model;
   ipu::Program eval_forward = forward;
-  if (eval_model) {
+  if (eval_model || stages > 1) {
+    const auto first_eval_tag = static_cast<unsigned>(transfers.size());
+    const Transfers eval_transfers =
+        plan_transfers(evaluated, {evaluated.logits, evaluated.loss}, first_eval_tag);
     eval_forward = ipu::Program();
-    lowering.set_model(*eval_model, false);
-    lowering.lower_phase(Phase::forward, eval_forward);
-    out.eval_logits = lowering.tensor(eval_model->logits);
-    out.eval_loss = lowering.tensor(eval_model->loss);
+    lowering.set_model(evaluated, false);
+    lowering.lower_phase(Phase::forward, eval_forward, stage, eval_transfers);
+    if (host_side) {
+      for (models::ValueId v : {evaluated.logits, evaluated.loss})
+        if (!lowering.has(v)) lowering.receive(v, 0, eval_transfers, eval_forward);
+      out.eval_logits = lowering.tensor(evaluated.logits);
+      out.eval_loss = lowering.tensor(evaluated.loss);
+    }
   } else {
     out.eval_logits = out.logits;
     out.eval_loss = out.loss;
   }
-  out.programs["eval"] = ipu::Program::sequence(
-      {ipu::Program::stream_to_device(kInputStream, out.input),
-       ipu::Program::stream_to_device(kLabelStream, out.labels), eval_forward,
-       ipu::Program::stream_from_device(kLogitsStream, out.eval_logits),
-       ipu::Program::stream_from_device(kLossStream, out.eval_loss)});
+  ipu::Program eval;
+  if (host_side) {
+    eval.add(ipu::Program::stream_to_device(kInputStream, out.input));
+    eval.add(ipu::Program::stream_to_device(kLabelStream, out.labels));
+  }
+  eval.add(eval_forward);
+  if (host_side) {
+    eval.add(ipu::Program::stream_from_device(kLogitsStream, out.eval_logits));
+    eval.add(ipu::Program::stream_from_device(kLossStream, out.eval_loss));
+  }
+  out.programs["eval"] = eval;
   return out;
 }
 

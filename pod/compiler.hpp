@@ -24,6 +24,11 @@ struct StepShape {
   std::size_t gradient_accumulation = 1;
   std::size_t device_iterations = 1;
   std::size_t replicas = 1;
+  std::size_t stages = 1;  // pipeline stages of a replica: one IPU each
+  std::size_t stage = 0;   // the stage this IPU runs
+  // Graphcore's grouped pipeline (ramp-up, main phase, ramp-down, activation stashes), or
+  // sequential (sharded) execution: one micro-batch at a time through every stage.
+  bool grouped = true;
 };
 
 struct CompiledModel {
@@ -38,12 +43,17 @@ struct CompiledModel {
   // accumulators excluded. Named by the IR value (parameters, state) or "<param>/<slot>".
   std::vector<std::pair<std::string, ipu::Tensor>> checkpointed;
   std::vector<std::pair<ipu::Tensor, float>> constants;  // to fill after the engine is built
-  ipu::Tensor input, labels, logits, loss;
-  ipu::Tensor eval_logits, eval_loss;  // what the "eval" program streams back
+  ipu::Tensor input, labels, logits, loss;               // host-facing tensors: stage 0 only
+  ipu::Tensor eval_logits, eval_loss;  // what the "eval" program streams back (stage 0)
+  std::size_t stash_slots = 1;         // activation stash depth of this stage
+  std::size_t transfers = 0;           // send and receive programs of this stage
 };
 
-// Lowers `model` (built for training) and, when given, `eval_model` (the same model built
-// with training = false, sharing parameters and state by name) onto one IPU.
+// Lowers the ops of one pipeline stage of `model` (built for training) and, when given,
+// `eval_model` (the same model built with training = false, sharing parameters and state by
+// name) onto one IPU. Values crossing stages travel by send/receive programs over the fabric
+// (peer = stage index in the replica); the host talks to stage 0 only, so the loss and the
+// evaluation outputs are sent back to it.
 CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset& arch,
                               const StepShape& shape, const models::Model* eval_model = nullptr);
 

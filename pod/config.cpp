@@ -44,10 +44,15 @@ void validate(const TrainConfig& c, int world_size) {
   } catch (const std::exception& e) {
     throw UsageError(std::string("--topology: ") + e.what());
   }
-  if (c.stages > 1)
-    throw UsageError("--stages " + std::to_string(c.stages) +
-                     ": pipelined execution is not implemented yet; use --stages 1 "
-                     "(data-parallel replicas work)");
+  if (c.pipeline_schedule != "grouped" && c.pipeline_schedule != "sequential")
+    throw UsageError("--pipeline-schedule must be grouped or sequential, got '" +
+                     c.pipeline_schedule + "'");
+  if (c.stages > 1 && c.pipeline_schedule == "grouped" && c.gradient_accumulation < c.stages)
+    throw UsageError("--gradient-accumulation " + std::to_string(c.gradient_accumulation) +
+                     " is smaller than --stages " + std::to_string(c.stages) +
+                     ": the grouped pipeline needs at least one micro-batch per stage in "
+                     "flight; raise --gradient-accumulation to " +
+                     std::to_string(c.stages) + " or more, or use --pipeline-schedule sequential");
   if (!(c.learning_rate > 0)) throw UsageError("--learning-rate must be positive");
   if (c.stages > 1 && (c.checkpoint_every > 0 || !c.resume.empty()))
     throw UsageError(

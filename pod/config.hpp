@@ -26,6 +26,7 @@ struct TrainConfig {
   std::string topology = "pod16";
   std::size_t replicas = 1;
   std::size_t stages = 1;
+  std::string pipeline_schedule = "grouped";  // or "sequential" (sharded, for debugging)
   std::size_t micro_batch = 16;
   std::size_t gradient_accumulation = 1;
   std::size_t device_iterations = 1;

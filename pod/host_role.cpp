@@ -299,7 +299,8 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
   }
   broadcast_startup(startup, 0, world);
   MPI_Comm none = MPI_COMM_NULL;
-  MPI_Comm_split(world, MPI_UNDEFINED, 0, &none);
+  MPI_Comm_split(world, MPI_UNDEFINED, 0, &none);  // the IPUs' replica groups
+  MPI_Comm_split(world, MPI_UNDEFINED, 0, &none);  // the IPUs' pipelines
   if (startup.status != 0) {
     std::cerr << "ipupod train: " << startup.message << "\n";
     return startup.status;

@@ -19,6 +19,9 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
   train.add_option("--model", c.model, "Model of the zoo to train (see `ipupod info --models`)")
       ->capture_default_str();
   train.add_option("--hidden", c.hidden, "mlp: widths of the hidden layers")->capture_default_str();
+  train.add_option("--width", c.width, "Channel width multiplier of the convolutional models")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   train.add_option("--data", c.data, "HDF5 training data made by `ipupod data` (/train, /test)")
       ->required();
   train
@@ -29,7 +32,13 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
       ->capture_default_str();
   train.add_option("--replicas", c.replicas, "Data-parallel replicas (PopTorch replicationFactor)")
       ->capture_default_str();
-  train.add_option("--stages", c.stages, "Pipeline stages, IPUs per replica (1 for now)")
+  train
+      .add_option("--stages", c.stages,
+                  "Pipeline stages, IPUs per replica (the model's split marks)")
+      ->capture_default_str();
+  train
+      .add_option("--pipeline-schedule", c.pipeline_schedule,
+                  "grouped (ramp-up, main, ramp-down with activation stashes) or sequential")
       ->capture_default_str();
   train.add_option("--micro-batch", c.micro_batch, "Samples per micro-batch on each replica")
       ->capture_default_str();

@@ -4,70 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
-#include <map>
-#include <mutex>
 #include <thread>
 
 #include "ipu_process/engine.hpp"
 #include "ipu_process/ops/tensor_ops.hpp"
+#include "tests/ipu/mailbox.hpp"
 
 namespace ipupod::ipu {
 namespace {
-
-// Messages between two devices, and a two-party sync that returns the latest clock.
-class Mailbox {
- public:
-  void send(unsigned to, unsigned tag, std::span<const std::byte> data) {
-    std::lock_guard lock(mutex_);
-    queues_[{to, tag}].emplace_back(data.begin(), data.end());
-    cv_.notify_all();
-  }
-  void receive(unsigned self, unsigned tag, std::span<std::byte> data) {
-    std::unique_lock lock(mutex_);
-    auto& q = queues_[{self, tag}];
-    cv_.wait(lock, [&] { return !q.empty(); });
-    ASSERT_EQ(q.front().size(), data.size());
-    std::memcpy(data.data(), q.front().data(), data.size());
-    q.pop_front();
-  }
-  std::uint64_t sync(std::uint64_t clock) {
-    std::unique_lock lock(mutex_);
-    const unsigned generation = generation_;
-    latest_ = std::max(latest_, clock);
-    if (++arrived_ == 2) {
-      result_ = latest_;
-      arrived_ = 0, latest_ = 0, ++generation_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lock, [&] { return generation_ != generation; });
-    }
-    return result_;
-  }
-  CollectiveBinding binding(unsigned self) {
-    CollectiveBinding b;
-    b.send = [this](unsigned peer, unsigned tag, std::span<const std::byte> d) {
-      send(peer, tag, d);
-    };
-    b.receive = [this, self](unsigned, unsigned tag, std::span<std::byte> d) {
-      receive(self, tag, d);
-    };
-    b.predict_transfer_seconds = [](unsigned, std::size_t bytes) {
-      return static_cast<double>(bytes) * 1e-9;
-    };
-    b.external_sync = [this](std::uint64_t clock) { return sync(clock); };
-    return b;
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::map<std::pair<unsigned, unsigned>, std::deque<std::vector<std::byte>>> queues_;
-  unsigned arrived_ = 0, generation_ = 0;
-  std::uint64_t latest_ = 0, result_ = 0;
-};
 
 TEST(TransferTest, ActivationsCrossAndSyncWaitsForTheSlowerDevice) {
   const ArchPreset& arch = ArchPreset::get("tiny");
@@ -91,7 +36,7 @@ TEST(TransferTest, ActivationsCrossAndSyncWaitsForTheSlowerDevice) {
   p1.add(Program::sync(SyncKind::external));
 
   Engine e0(g0, {{"p", p0}}), e1(g1, {{"p", p1}});
-  Mailbox mail;
+  testing_support::Mailbox mail(2);
   e0.bind_collectives(mail.binding(0));
   e1.bind_collectives(mail.binding(1));
   std::vector<float> xv(40 * 257);
@@ -104,7 +49,8 @@ TEST(TransferTest, ActivationsCrossAndSyncWaitsForTheSlowerDevice) {
   const auto bytes = e1.read(two);
   std::vector<float> got(bytes.size() / 4);
   std::memcpy(got.data(), bytes.data(), bytes.size());
-  for (std::size_t i = 0; i < xv.size(); ++i) ASSERT_NEAR(got[i], 2 * std::exp(xv[i]), 1e-5 * got[i]) << i;
+  for (std::size_t i = 0; i < xv.size(); ++i)
+    ASSERT_NEAR(got[i], 2 * std::exp(xv[i]), 1e-5 * got[i]) << i;
   // The receiver paid the transfer; after the sync both clocks agree.
   EXPECT_GT(e1.cycles().fabric, 0u);
   EXPECT_EQ(e0.cycles().fabric, 0u);

@@ -4,10 +4,12 @@
 
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "ipu_process/engine.hpp"
 #include "models/interpreter.hpp"
 #include "pod/compiler.hpp"
+#include "tests/ipu/mailbox.hpp"
 
 namespace ipupod::pod {
 namespace {
@@ -94,6 +96,119 @@ TEST(Compiler, OneReplicaMatchesTheInterpreterStepForStep) {
   }
   EXPECT_GT(engine.cycles().compute, 0u);
   EXPECT_GT(engine.cycles().host, 0u);
+}
+
+// Trains `model` split into `stages` IPUs (one engine each, on its own thread, bound to an
+// in-process fabric) for `steps` host steps; returns the final weights by name and the losses.
+struct PipelineRun {
+  std::map<std::string, std::vector<float>> weights;
+  std::vector<float> losses;
+  std::uint64_t cycles = 0;
+};
+
+PipelineRun run_pipeline(const models::ModelOptions& options, std::size_t stages, bool grouped,
+                         std::size_t accumulation, std::size_t steps) {
+  models::ModelOptions o = options;
+  o.pipeline_stages = stages;
+  const models::Model model = models::build_model("mlp", o);
+  std::vector<CompiledModel> compiled;
+  std::vector<std::unique_ptr<ipu::Engine>> engines;
+  testing_support::Mailbox mail(static_cast<unsigned>(stages));
+  for (std::size_t s = 0; s < stages; ++s) {
+    compiled.push_back(compile_for_ipu(model, ipu::ArchPreset::get("tiny"),
+                                       {.gradient_accumulation = accumulation,
+                                        .device_iterations = 1,
+                                        .replicas = 1,
+                                        .stages = stages,
+                                        .stage = s,
+                                        .grouped = grouped}));
+    engines.push_back(std::make_unique<ipu::Engine>(*compiled[s].graph, compiled[s].programs));
+    engines[s]->bind_collectives(mail.binding(static_cast<unsigned>(s)));
+    for (const auto& [id, tensor] : compiled[s].initial_values) {
+      const models::Buffer init = models::initial_parameter(model.graph, id, 3);
+      engines[s]->write(tensor, std::as_bytes(std::span(init.f)));
+    }
+  }
+  std::mt19937 gen(7);
+  std::normal_distribution<float> d;
+  PipelineRun run;
+  std::size_t batch = 0;
+  engines[0]->connect_input_stream(kInputStream, [&](std::span<std::byte> dst) {
+    std::vector<float> x(dst.size() / 4);
+    for (auto& v : x) v = d(gen);
+    std::memcpy(dst.data(), x.data(), dst.size());
+  });
+  engines[0]->connect_input_stream(kLabelStream, [&](std::span<std::byte> dst) {
+    std::vector<std::int32_t> y(dst.size() / 4);
+    for (std::size_t i = 0; i < y.size(); ++i)
+      y[i] = static_cast<std::int32_t>((i + batch) % o.classes);
+    ++batch;
+    std::memcpy(dst.data(), y.data(), dst.size());
+  });
+  engines[0]->connect_output_stream(kLossStream, [&](std::span<const std::byte> src) {
+    float v;
+    std::memcpy(&v, src.data(), sizeof v);
+    run.losses.push_back(v);
+  });
+  std::vector<std::thread> threads;
+  for (std::size_t s = 1; s < stages; ++s)
+    threads.emplace_back([&, s] {
+      for (std::size_t i = 0; i < steps; ++i) engines[s]->run("train");
+    });
+  for (std::size_t i = 0; i < steps; ++i) engines[0]->run("train");
+  for (auto& t : threads) t.join();
+  for (std::size_t s = 0; s < stages; ++s)
+    for (const auto& [id, tensor] : compiled[s].parameters) {
+      const auto bytes = engines[s]->read(tensor);
+      auto& w = run.weights[model.graph.value(id).name];
+      w.resize(bytes.size() / 4);
+      std::memcpy(w.data(), bytes.data(), bytes.size());
+    }
+  run.cycles = engines[0]->cycles().total();
+  return run;
+}
+
+TEST(Compiler, PipelinedStagesTrainExactlyLikeOneIpu) {
+  models::ModelOptions o;
+  o.micro_batch = 4;
+  o.sample_shape = {1, 3, 5};
+  o.classes = 3;
+  o.hidden = {11, 7, 6};
+  o.learning_rate = 0.1;
+  const std::size_t accumulation = 4, steps = 3;
+  const PipelineRun one = run_pipeline(o, 1, true, accumulation, steps);
+  ASSERT_EQ(one.losses.size(), accumulation * steps);
+  for (std::size_t stages : {2, 4}) {
+    for (bool grouped : {true, false}) {
+      const PipelineRun split = run_pipeline(o, stages, grouped, accumulation, steps);
+      const std::string what =
+          std::to_string(stages) + " stages, " + (grouped ? "grouped" : "sequential");
+      ASSERT_EQ(split.weights.size(), one.weights.size()) << what;
+      for (const auto& [name, w] : one.weights)
+        EXPECT_EQ(0, std::memcmp(w.data(), split.weights.at(name).data(), w.size() * 4))
+            << what << ": " << name << " differs";
+      ASSERT_EQ(split.losses.size(), one.losses.size()) << what;
+      for (std::size_t i = 0; i < one.losses.size(); ++i)
+        EXPECT_EQ(one.losses[i], split.losses[i]) << what << ", micro-batch " << i;
+      EXPECT_GT(split.cycles, 0u);
+    }
+  }
+}
+
+TEST(Compiler, RejectsAGroupedPipelineWithTooFewMicroBatches) {
+  models::ModelOptions o;
+  o.micro_batch = 2;
+  o.sample_shape = {1, 2, 2};
+  o.hidden = {3};
+  o.pipeline_stages = 2;
+  const models::Model model = models::build_model("mlp", o);
+  EXPECT_THROW(compile_for_ipu(model, ipu::ArchPreset::get("tiny"),
+                               {.gradient_accumulation = 1, .stages = 2, .stage = 0}),
+               std::invalid_argument);
+  // A model split for two stages cannot run on three.
+  EXPECT_THROW(compile_for_ipu(model, ipu::ArchPreset::get("tiny"),
+                               {.gradient_accumulation = 4, .stages = 3, .stage = 0}),
+               std::invalid_argument);
 }
 
 }  // namespace
