@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
 
 namespace {
@@ -59,6 +60,50 @@ class PodTrain : public ::testing::Test {
                                                          << r.output;
   }
 };
+
+// Two pipeline stages over real MPI (grouped and sequential schedules) train exactly like one
+// IPU: same per-step losses, same test metrics; the later stage reports its memory too.
+TEST_F(PodTrain, PipelinedStagesOverMpiTrainLikeOneIpu) {
+  const std::string common = "train --model mlp --hidden 24 --data " + data().string() +
+                             " --micro-batch 8 --gradient-accumulation 3 --epochs 1"
+                             " --learning-rate 0.1 --arch tiny --topology m2000 --run-dir ";
+  const Result one = run(mpirun(2) + common + (dir() / "one").string());
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const auto read = [](const fs::path& p) {
+    std::ifstream in(p);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const auto summary_of = [&](const fs::path& run_dir) {
+    return nlohmann::json::parse(read(run_dir / "summary.json"));
+  };
+  const auto reference = summary_of(dir() / "one");
+  for (const std::string schedule : {"grouped", "sequential"}) {
+    const fs::path run_dir = dir() / ("two-stages-" + schedule);
+    const Result r =
+        run(mpirun(3) + common + run_dir.string() + " --stages 2 --pipeline-schedule " + schedule);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto summary = summary_of(run_dir);
+    EXPECT_EQ(summary.at("test_loss"), reference.at("test_loss")) << schedule;
+    EXPECT_EQ(summary.at("test_accuracy"), reference.at("test_accuracy")) << schedule;
+    // Per-step losses (the metrics' loss column) match the single IPU's exactly.
+    const auto losses = [&](const fs::path& d) {
+      std::istringstream csv(read(d / "metrics.csv"));
+      std::vector<std::string> out;
+      for (std::string line; std::getline(csv, line);)
+        out.push_back(line.substr(0, line.rfind(',')));
+      return out;
+    };
+    EXPECT_EQ(losses(run_dir), losses(dir() / "one")) << schedule;
+    const auto memory = nlohmann::json::parse(read(run_dir / "memory.json"));
+    ASSERT_TRUE(memory[0].contains("later_stages")) << memory[0].dump().substr(0, 300);
+    EXPECT_EQ(memory[0].at("later_stages").size(), 1u);
+  }
+  // The grouped pipeline needs at least one micro-batch per stage.
+  expect_bad_input(run(mpirun(3) + "train --model mlp --data " + data().string() +
+                       " --arch tiny --stages 2 --gradient-accumulation 1 --run-dir " +
+                       (dir() / "bad").string()),
+                   "the grouped pipeline needs at least one micro-batch per stage");
+}
 
 TEST_F(PodTrain, TwoReplicasLearnAndEndWithBitwiseIdenticalWeights) {
   const fs::path run_dir = dir() / "run";
