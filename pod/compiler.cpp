@@ -7,6 +7,7 @@
 #include "ipu_process/ops/common.hpp"
 #include "ipu_process/ops/conv.hpp"
 #include "ipu_process/ops/elementwise.hpp"
+#include "ipu_process/ops/gather.hpp"
 #include "ipu_process/ops/loss.hpp"
 #include "ipu_process/ops/matmul.hpp"
 #include "ipu_process/ops/norm.hpp"
@@ -398,9 +399,19 @@ class Lowering {
       case OpKind::sgd_step:
         throw std::logic_error("sgd_step is lowered by the optimizer phase");
       case OpKind::gather_rows:
+        result = ops::gather_rows(g, prog, in(0), in(1), name);
+        break;
       case OpKind::scatter_add_rows:
+        result = ops::scatter_add_rows(g, prog, in(0), in(1),
+                                       static_cast<std::size_t>(op.i("rows")), name);
+        break;
       case OpKind::vq_nearest:
+        result = ops::vq_nearest(g, prog, in(0), in(1), name);
+        break;
       case OpKind::vq_ema_update:
+        ops::vq_ema_update(g, prog, in(0), in(1), in(2), in(3), in(4), op.r("decay"), op.r("eps"),
+                           name);
+        return;
       case OpKind::increment:
       case OpKind::lr_schedule:
       case OpKind::global_norm:
