@@ -10,32 +10,12 @@
 
 #include "ipu_process/engine.hpp"
 #include "ipu_process/ops/conv.hpp"
+#include "tests/ipu/device_data.hpp"
 
 namespace ipupod::ipu {
 namespace {
 
 using Shape = std::vector<std::size_t>;
-
-std::size_t count(const Shape& s) {
-  std::size_t n = 1;
-  for (std::size_t d : s) n *= d;
-  return n;
-}
-
-std::vector<float> random_floats(std::size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> d(-1.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
-
-std::vector<float> read_floats(const Engine& e, const Tensor& t) {
-  const auto bytes = e.read(t);
-  std::vector<float> v(bytes.size() / 4);
-  std::memcpy(v.data(), bytes.data(), bytes.size());
-  return v;
-}
 
 // A reference value and the sum of the magnitudes of its terms (the scale of rounding error).
 struct Ref {

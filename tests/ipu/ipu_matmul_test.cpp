@@ -10,17 +10,10 @@
 
 #include "ipu_process/engine.hpp"
 #include "ipu_process/ops/matmul.hpp"
+#include "tests/ipu/device_data.hpp"
 
 namespace ipupod::ipu {
 namespace {
-
-std::vector<float> random_floats(std::size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> d(-1.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
 
 // Small integers: every product and partial sum is exact in float32, so any summation order
 // gives the same bits and the kernel can be compared exactly with a plain loop.

@@ -11,28 +11,10 @@
 #include "ipu_process/ops/loss.hpp"
 #include "ipu_process/ops/matmul.hpp"
 #include "ipu_process/ops/reduce.hpp"
+#include "tests/ipu/device_data.hpp"
 
 namespace ipupod::ipu {
 namespace {
-
-std::vector<float> random_floats(std::size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> d(-1.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
-
-std::vector<float> read_floats(const Engine& e, const Tensor& t) {
-  const auto bytes = e.read(t);
-  std::vector<float> v(bytes.size() / 4);
-  std::memcpy(v.data(), bytes.data(), bytes.size());
-  return v;
-}
-
-void write_floats(Engine& e, const Tensor& t, const std::vector<float>& v) {
-  e.write(t, std::as_bytes(std::span(v)));
-}
 
 struct MatMulCase {
   std::size_t m, k, n;

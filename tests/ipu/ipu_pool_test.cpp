@@ -11,17 +11,12 @@
 
 #include "ipu_process/engine.hpp"
 #include "ipu_process/ops/pool.hpp"
+#include "tests/ipu/device_data.hpp"
 
 namespace ipupod::ipu {
 namespace {
 
 using Shape = std::vector<std::size_t>;
-
-std::size_t count(const Shape& s) {
-  std::size_t n = 1;
-  for (std::size_t d : s) n *= d;
-  return n;
-}
 
 // Values on a coarse grid, so that windows often hold ties.
 std::vector<float> grid_floats(std::size_t n, unsigned seed) {
@@ -29,13 +24,6 @@ std::vector<float> grid_floats(std::size_t n, unsigned seed) {
   std::uniform_int_distribution<int> d(-8, 8);
   std::vector<float> v(n);
   for (auto& x : v) x = static_cast<float>(d(gen)) * 0.25f;
-  return v;
-}
-
-std::vector<float> read_floats(const Engine& e, const Tensor& t) {
-  const auto bytes = e.read(t);
-  std::vector<float> v(bytes.size() / 4);
-  std::memcpy(v.data(), bytes.data(), bytes.size());
   return v;
 }
 

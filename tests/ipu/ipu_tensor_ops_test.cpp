@@ -9,25 +9,12 @@
 
 #include "ipu_process/engine.hpp"
 #include "ipu_process/ops/tensor_ops.hpp"
+#include "tests/ipu/device_data.hpp"
 
 namespace ipupod::ipu {
 namespace {
 
 using Shape = std::vector<std::size_t>;
-
-std::vector<float> random_floats(std::size_t n, unsigned seed, float lo = -1.f, float hi = 1.f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
-
-std::size_t count(const Shape& s) {
-  std::size_t n = 1;
-  for (auto d : s) n *= d;
-  return n;
-}
 
 std::vector<std::size_t> coords(std::size_t flat, const Shape& s) {
   std::vector<std::size_t> c(s.size());

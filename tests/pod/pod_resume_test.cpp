@@ -14,28 +14,14 @@
 #include <vector>
 
 #include "host/checkpoint.hpp"
+#include "tests/pod/run_command.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code = -1;
-  std::string output;
-};
-
-// Runs a shell command with a hard time limit; returns its exit code and combined output.
-Result run(const std::string& command) {
-  Result r;
-  const std::string full = "timeout 600 " + command + " 2>&1";
-  FILE* pipe = popen(full.c_str(), "r");
-  if (!pipe) return r;
-  char buffer[4096];
-  while (std::fgets(buffer, sizeof buffer, pipe)) r.output += buffer;
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using ipupod::testing_support::Result;
+using ipupod::testing_support::run;
 
 class PodResume : public ::testing::Test {
  protected:
