@@ -48,7 +48,7 @@ if [[ -f "$summary" ]]; then
   check "all 256 samples trained" grep -q '"samples_trained": 256,' "$summary"
 fi
 
-# A 2 x 2 pod: the layout (pipelining itself is ipupod's to run).
+# A 2 x 2 pod: the layout.
 "$run" --replicas 2 --ipus-per-replica 2 --dry-run -- "$ipupod" train --data "$work/fmnist.h5" \
   --gradient-accumulation 4 >"$work/dry.txt"
 cat "$work/dry.txt"
@@ -56,6 +56,19 @@ check "2x2 dry run: 5 ranks" grep -q '= 5 ranks' "$work/dry.txt"
 check "2x2 dry run: replica 1 stage 1 is rank 4" grep -q 'rank 4 = IPU 3 .* stage 1' "$work/dry.txt"
 check "2x2 dry run: passes --replicas 2 --stages 2" grep -q -- '--replicas 2 --stages 2' "$work/dry.txt"
 check "2x2 dry run: mpirun -n 5" grep -q 'mpirun -n 5' "$work/dry.txt"
+
+# The same 2 x 2 pod for real, one command: two replicas of a two-stage pipeline.
+set +e
+"$run" --replicas 2 --ipus-per-replica 2 -- "$ipupod" train --model mlp --hidden 16 --arch tiny \
+  --micro-batch 8 --gradient-accumulation 2 --data "$work/fmnist.h5" --epochs 1 \
+  --run-dir "$work/run22" >"$work/out22.txt" 2>&1
+code=$?
+set -e
+cat "$work/out22.txt"
+check "2x2 run exits 0" test "$code" -eq 0
+check "2x2 run: 2 replicas x 2 stages" grep -q '2 replica(s) x 2 stage(s)' "$work/out22.txt"
+check "2x2 run: replicas' weights identical" \
+  grep -q '"replica_weights_identical": true' "$work/run22/summary.json"
 
 # Impossible layouts: exit 2, a message naming the problem, and nothing launched.
 expect_error() {  # expect_error PATTERN LAUNCHER-ARGS... -- TRAIN-ARGS...
