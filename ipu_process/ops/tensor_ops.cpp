@@ -23,6 +23,13 @@ enum MapOp : int { kCopyScaled = 0, kAdd, kSub, kMul, kDiv };
 // window_end, shape[rank], then per input: offset, strides[rank]].
 constexpr std::size_t kMapHeader = 8;
 
+// Row-major coordinates of flat element `flat` of `shape`.
+std::vector<std::size_t> coords_of(std::size_t flat, const std::vector<std::size_t>& shape) {
+  std::vector<std::size_t> c(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) c[d] = flat % shape[d], flat /= shape[d];
+  return c;
+}
+
 template <class F>
 void map_run(float* dst, std::size_t n, const float* a, Index sa, const float* b, Index sb, F f) {
   if (sa == 1 && sb == 1) {
@@ -41,7 +48,7 @@ void map_affine(const VertexContext& c) {
   const float scale = static_cast<float>(c.param(1));
   const std::size_t inputs = c.size_param(2), rank = c.size_param(3);
   const std::size_t waxis = c.size_param(5), wb = c.size_param(6), we = c.size_param(7);
-  std::vector<std::size_t> shape(rank), coord(rank);
+  std::vector<std::size_t> shape(rank);
   for (std::size_t d = 0; d < rank; ++d) shape[d] = c.size_param(kMapHeader + d);
   const float* in[2] = {nullptr, nullptr};
   Index offset[2] = {0, 0};
@@ -54,8 +61,7 @@ void map_affine(const VertexContext& c) {
   }
   if (inputs == 1) in[1] = in[0];
   auto out = c.region<float>(inputs);
-  std::size_t rem = c.size_param(4);
-  for (std::size_t d = rank; d-- > 0;) coord[d] = rem % shape[d], rem /= shape[d];
+  std::vector<std::size_t> coord = coords_of(c.size_param(4), shape);
   const std::size_t last = rank - 1;
   for (std::size_t o = 0; o < out.size();) {
     const std::size_t run = std::min(shape[last] - coord[last], out.size() - o);
@@ -391,12 +397,6 @@ Operand broadcast_operand(const Tensor& t, const std::vector<std::size_t>& out_s
   for (std::size_t i = 0; i < shape.size(); ++i) op.strides[lead + i] = shape[i] == 1 ? 0 : s[i];
   if (op.strides.empty()) op.strides = {0};
   return op;
-}
-
-std::vector<std::size_t> coords_of(std::size_t flat, const std::vector<std::size_t>& shape) {
-  std::vector<std::size_t> c(shape.size());
-  for (std::size_t d = shape.size(); d-- > 0;) c[d] = flat % shape[d], flat /= shape[d];
-  return c;
 }
 
 // The smallest and largest flat index of the operand read by output elements [b, e) (inside
