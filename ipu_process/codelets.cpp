@@ -20,6 +20,7 @@ const CodeletRegistry& CodeletRegistry::builtin() {
     register_softmax_codelets(r);
     register_norm_codelets(r);
     register_tensor_codelets(r);
+    register_optimizer_codelets(r);
     return r;
   }();
   return registry;

@@ -78,5 +78,6 @@ void register_segment_codelets(CodeletRegistry& registry);
 void register_softmax_codelets(CodeletRegistry& registry);
 void register_norm_codelets(CodeletRegistry& registry);
 void register_tensor_codelets(CodeletRegistry& registry);
+void register_optimizer_codelets(CodeletRegistry& registry);
 
 }  // namespace ipupod::ipu

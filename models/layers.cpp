@@ -163,7 +163,10 @@ ValueId gdn(Builder& b, ValueId x, bool inverse, const std::string& name) {
   const ValueId sq = g.unary(UnaryFn::square, x, b.name("square"));
   const ValueId mixed =
       g.conv2d(sq, g.reshape(gamma, {c, c, 1, 1}), Conv2dGeometry{}, b.name("mix"));
-  const ValueId norm = channel_op(b, BinaryFn::add, mixed, beta);
+  // |beta + gamma x^2|: the same as GDN's while beta and gamma stay positive (as initialised);
+  // if an optimizer pushes them below zero the root stays real instead of turning to NaN.
+  const ValueId norm =
+      g.unary(UnaryFn::abs, channel_op(b, BinaryFn::add, mixed, beta), b.name("positive"));
   const ValueId scale = g.unary(inverse ? UnaryFn::sqrt : UnaryFn::rsqrt, norm, b.name("root"));
   return g.binary(BinaryFn::mul, x, scale, b.name("apply"));
 }

@@ -10,6 +10,20 @@
 
 namespace ipupod::models {
 
+std::string_view task_name(Task task) {
+  switch (task) {
+    case Task::classification:
+      return "classification";
+    case Task::reconstruction:
+      return "reconstruction";
+    case Task::regression:
+      return "regression";
+    case Task::image_to_image:
+      return "image-to-image";
+  }
+  return "unknown";
+}
+
 std::size_t Model::parameter_count() const {
   std::size_t n = 0;
   for (ValueId p : graph.parameters()) n += graph.info(p).elements();
@@ -20,7 +34,7 @@ std::string Model::summary() const {
   std::ostringstream os;
   os << "model " << name << "\n";
   os << "  input " << graph.info(input).str() << ", labels " << graph.info(labels).str()
-     << ", output " << graph.info(logits).str() << "\n";
+     << ", output " << graph.info(logits).str() << " (" << task_name(task) << ")\n";
   // One line per parameterised layer (parameters grouped by their name prefix), by stage.
   std::vector<std::pair<std::string, std::size_t>> layers;
   std::vector<int> stage_of;

@@ -4,6 +4,7 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "models/ir.hpp"
@@ -27,8 +28,16 @@ struct ModelOptions {
   std::uint64_t seed = 0;           // dropout / stochastic-depth streams
 };
 
+// What the model's outputs are scored by: class labels (accuracy), a field to reconstruct
+// (PSNR over the valid cells, compression ratio), a target value (mean absolute error) or a
+// target image (PSNR, next to the input's own).
+enum class Task : std::uint8_t { classification, reconstruction, regression, image_to_image };
+std::string_view task_name(Task task);
+
 struct Model {
   std::string name;
+  Task task = Task::classification;
+  double compression_ratio = 0;  // reconstruction: input bits over the bits of the codes
   Graph graph;
   ValueId input = -1, labels = -1, logits = -1, loss = -1;
   std::map<ValueId, ValueId> gradients;    // parameter -> its gradient

@@ -89,6 +89,7 @@ void build_efficientnetv2_s(Model& m, Builder& b, const ModelOptions& o) {
   in_shape.insert(in_shape.end(), sample.begin(), sample.end());
   m.input = g.input("input", {DType::f32, in_shape});
   m.labels = g.input("labels", {DType::f32, {o.micro_batch, 1}});
+  m.task = Task::regression;
   const auto ch = [&](std::size_t c) { return scaled(c, o.width, 8); };
 
   std::size_t total_blocks = 0;

@@ -47,7 +47,10 @@ void build_hae(Model& m, Builder& b, const ModelOptions& o) {
         shape_str(sample) + "; pass an empty sample shape for the default");
   const Shape shape = {o.micro_batch, 1, sample[1], sample[2]};
   m.input = g.input("input", {DType::f32, shape});
-  m.labels = g.input("mask", {DType::f32, shape});  // 1 where the field is valid (not land)
+  // The climate data set's targets: channel 0 the field to reconstruct, channel 1 its mask (1
+  // where the value is real, 0 on land or where it was missing).
+  m.labels = g.input("targets", {DType::f32, {o.micro_batch, 2, sample[1], sample[2]}});
+  m.task = Task::reconstruction;
   const std::size_t c = scaled(64, o.width), code = scaled(128, o.width);
   const std::size_t codes = scaled(256, o.width, 1, 8);
   const int decoder_stage = o.pipeline_stages > 1 ? 1 : 0;
@@ -81,11 +84,18 @@ void build_hae(Model& m, Builder& b, const ModelOptions& o) {
     d = nn::conv_transpose2d(b, nn::gelu(b, d), scaled(32, o.width), 3, 1, 1, 0, true, "1");
     m.logits = nn::conv_transpose2d(b, nn::gelu(b, d), 1, 1, 1, 0, 0, true, "3");
   }
-  const ValueId mse = nn::mse_loss(b, m.logits, m.input, m.labels);
+  const ValueId field = g.slice(m.labels, 1, 0, 1, "target_field");
+  const ValueId mask = g.slice(m.labels, 1, 1, 2, "target_mask");
+  const ValueId mse = nn::mse_loss(b, m.logits, field, mask);
   const ValueId vq = g.binary(BinaryFn::add, zq.loss, yq.loss, "vq_loss");
   const ValueId weighted = g.binary(BinaryFn::mul, mse, b.scalar(3.0), "reconstruction_loss");
   m.loss = g.binary(BinaryFn::add, weighted, vq, "loss");
   m.metrics = {{"mse", mse}, {"vq_loss", vq}};
+  // Each patch is stored as its two code grids (side / 8 and side / 16 cells) of log2(codes)
+  // bits each, against 32 bits per input value (before any entropy coding).
+  const double grid = static_cast<double>(sample[1]) / 8;
+  const double code_bits = (grid * grid + grid * grid / 4) * std::log2(static_cast<double>(codes));
+  m.compression_ratio = static_cast<double>(sample[1] * sample[2]) * 32 / code_bits;
 }
 
 }  // namespace ipupod::models::zoo_impl

@@ -113,6 +113,7 @@ void build_transcyclegan(Model& m, Builder& b, const ModelOptions& o) {
   const Shape shape = {o.micro_batch, 3, sample[1], sample[2]};
   m.input = g.input("low_resolution", {DType::f32, shape});  // bicubic-upsampled x4
   m.labels = g.input("high_resolution", {DType::f32, shape});
+  m.task = Task::image_to_image;
   const ValueId a = m.input, hr = m.labels;
   const bool split = o.pipeline_stages > 1;
 

@@ -11,6 +11,7 @@
 #include "ipu_process/ops/loss.hpp"
 #include "ipu_process/ops/matmul.hpp"
 #include "ipu_process/ops/norm.hpp"
+#include "ipu_process/ops/optimizer.hpp"
 #include "ipu_process/ops/pool.hpp"
 #include "ipu_process/ops/reduce.hpp"
 #include "ipu_process/ops/softmax.hpp"
@@ -215,6 +216,24 @@ class Lowering {
       }
   }
   bool has(models::ValueId v) const { return tensors_.count(v) > 0; }
+  // Makes `v` stand for `t` from here on (the optimizer reads the accumulated gradients).
+  void bind(models::ValueId v, const ipu::Tensor& t) { tensors_.insert_or_assign(v, t); }
+  // Lowers the optimizer phase of `stage` (besides the plain sgd_steps, which the compiler
+  // fuses with gradient accumulation): the updates of this stage's parameters, and the step
+  // counter and learning rate they read, which every stage keeps for itself.
+  void lower_optimizer(int stage, ipu::Program& prog) {
+    bool updates = false;
+    for (const auto& op : model_->graph.ops())
+      updates = updates || (op.phase == Phase::optimizer && op.pipeline_stage == stage &&
+                            (op.kind == OpKind::adam_step || op.kind == OpKind::sgd_momentum_step));
+    if (!updates) return;
+    for (const auto& op : model_->graph.ops()) {
+      if (op.phase != Phase::optimizer || op.kind == OpKind::sgd_step) continue;
+      if (op.pipeline_stage != stage && op.kind != OpKind::increment) continue;
+      if (op.output && has(*op.output)) continue;
+      lower_with_inputs(op, prog);
+    }
+  }
   std::vector<models::ValueId> lowered() const {
     std::vector<models::ValueId> ids;
     for (const auto& [id, t] : tensors_) ids.push_back(id);
@@ -251,6 +270,19 @@ class Lowering {
     }
     shared_.emplace(name, t);
     return t;
+  }
+
+  // Lowers op after whatever of its inputs is not lowered yet (optimizer-phase values only).
+  void lower_with_inputs(const models::Op& op, ipu::Program& prog) {
+    for (models::ValueId v : op.inputs) {
+      if (has(v)) continue;
+      const models::Op& producer = model_->graph.producer(v);
+      if (producer.phase != Phase::optimizer && producer.kind != OpKind::constant)
+        throw std::logic_error("pod compiler: optimizer op '" + op.name + "' reads '" +
+                               model_->graph.value(v).name + "', which is not lowered here");
+      lower_with_inputs(producer, prog);
+    }
+    lower(op, prog);
   }
 
   void lower(const models::Op& op, ipu::Program& prog) {
@@ -413,14 +445,42 @@ class Lowering {
                            name);
         return;
       case OpKind::increment:
-      case OpKind::lr_schedule:
+        ops::increment(g, prog, in(0), name);
+        return;
+      case OpKind::lr_schedule: {
+        ops::LrSchedule schedule;
+        schedule.kind = static_cast<ops::LrSchedule::Kind>(op.i("schedule"));
+        schedule.base_lr = op.r("base_lr");
+        schedule.warmup_steps = static_cast<std::size_t>(op.i("warmup_steps"));
+        schedule.total_steps = static_cast<std::size_t>(op.i("total_steps"));
+        schedule.step_size = static_cast<std::size_t>(op.i("step_size"));
+        schedule.gamma = op.r("gamma");
+        schedule.min_lr = op.r("min_lr");
+        result = ops::lr_schedule(g, prog, in(0), schedule, name);
+        break;
+      }
+      case OpKind::sgd_momentum_step:
+        ops::sgd_momentum_update(g, prog, in(0), in(1), in(2), in(3),
+                                 {.momentum = op.r("momentum"),
+                                  .weight_decay = op.r("weight_decay"),
+                                  .nesterov = op.i("nesterov") != 0},
+                                 name);
+        return;
+      case OpKind::adam_step:
+        ops::adam_update(g, prog, in(0), in(1), in(2), in(3), in(4), in(5),
+                         {.beta1 = op.r("beta1"),
+                          .beta2 = op.r("beta2"),
+                          .eps = op.r("eps"),
+                          .weight_decay = op.r("weight_decay"),
+                          .decoupled = op.i("decoupled") != 0},
+                         name);
+        return;
       case OpKind::global_norm:
       case OpKind::clip_factor:
-      case OpKind::sgd_momentum_step:
-      case OpKind::adam_step:
       case OpKind::lamb_step:
         throw std::invalid_argument(std::string("op ") + models::op_name(op.kind) + " ('" + name +
-                                    "') is not lowered onto the IPU yet");
+                                    "') is not lowered onto the IPU yet (gradient clipping, "
+                                    "loss scaling and LAMB); use sgd, sgd_momentum, adam or adamw");
     }
     if (result.shape() != info.shape) {
       if (result.elements() != info.elements())
@@ -492,12 +552,27 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   // Gradient accumulators, laid out like their parameters (the optimizer works in place).
   ipu::Program zero_accumulators, accumulate, optimizer;
   std::vector<ipu::Tensor> accumulators;
+  // Stateful optimizers read the mean accumulated gradient in place of the last micro-batch's.
+  std::vector<std::pair<models::ValueId, ipu::Tensor>> mean_gradients;
   for (const auto& op : model.graph.ops()) {
-    if (op.phase == Phase::optimizer && op.kind != OpKind::sgd_step)
-      throw std::invalid_argument(std::string("optimizer op ") + models::op_name(op.kind) + " ('" +
-                                  op.name +
-                                  "') is not lowered onto the IPU yet; train with "
-                                  "plain SGD for now");
+    if ((op.kind == OpKind::adam_step || op.kind == OpKind::sgd_momentum_step) &&
+        op.pipeline_stage == stage) {
+      const models::ValueId grad_id = op.inputs[1];
+      if (model.graph.producer(grad_id).phase == Phase::optimizer)
+        throw std::invalid_argument("optimizer op '" + op.name +
+                                    "' updates with a scaled gradient (clipping or loss "
+                                    "scaling), which is not lowered onto the IPU yet");
+      const std::string name = model.graph.value(op.inputs[0]).name;
+      const ipu::Tensor& param = out.parameters.at(op.inputs[0]);
+      ipu::Tensor acc = ipu::ops::clone_like(g, param, name + "/accumulator",
+                                             ipu::MemoryCategory::optimizer_state);
+      accumulators.push_back(acc);
+      ipu::ops::zero(g, zero_accumulators, acc, name + "/zero");
+      ipu::ops::scaled_add_in_place(g, accumulate, acc, lowering.tensor(grad_id), 1.0f,
+                                    name + "/accumulate");
+      mean_gradients.emplace_back(grad_id, acc);
+      continue;
+    }
     if (op.kind != OpKind::sgd_step || op.pipeline_stage != stage) continue;
     const ipu::Tensor& param = out.parameters.at(op.inputs[0]);
     const ipu::Tensor& grad = lowering.tensor(op.inputs[1]);
@@ -593,6 +668,19 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   }
   if (shape.replicas > 1 && !accumulators.empty())
     step.add(ipu::Program::all_reduce(accumulators, ipu::CollectiveOp::mean));
+  // The mean over the accumulated micro-batches (the all-reduce averaged the replicas), then
+  // the stateful optimizers' updates.
+  for (const auto& [grad_id, acc] : mean_gradients) {
+    const auto k_inverse =
+        static_cast<float>(1.0 / static_cast<double>(shape.gradient_accumulation));
+    if (shape.gradient_accumulation == 1) {
+      lowering.bind(grad_id, acc);
+    } else {
+      lowering.bind(grad_id, ipu::ops::broadcast_to(g, optimizer, acc, acc.shape(), k_inverse,
+                                                    model.graph.value(grad_id).name + "/mean"));
+    }
+  }
+  lowering.lower_optimizer(stage, optimizer);
   step.add(optimizer);
   out.programs["train"] = ipu::Program::repeat(shape.device_iterations, step);
 

@@ -54,6 +54,16 @@ void validate(const TrainConfig& c, int world_size) {
                      "flight; raise --gradient-accumulation to " +
                      std::to_string(c.stages) + " or more, or use --pipeline-schedule sequential");
   if (!(c.learning_rate > 0)) throw UsageError("--learning-rate must be positive");
+  if (c.optimizer != "sgd" && c.optimizer != "sgd_momentum" && c.optimizer != "adam" &&
+      c.optimizer != "adamw")
+    throw UsageError("--optimizer must be sgd, sgd_momentum, adam or adamw, got '" + c.optimizer +
+                     "' (lamb and gradient clipping are not lowered onto the IPU yet)");
+  if (!(c.momentum >= 0 && c.momentum < 1))
+    throw UsageError("--momentum must be in [0, 1), got " + std::to_string(c.momentum));
+  if (!(c.weight_decay >= 0))
+    throw UsageError("--weight-decay must be >= 0, got " + std::to_string(c.weight_decay));
+  if (c.lr_schedule != "constant" && c.lr_schedule != "step" && c.lr_schedule != "cosine")
+    throw UsageError("--lr-schedule must be constant, step or cosine, got '" + c.lr_schedule + "'");
   if (c.stages > 1 && (c.checkpoint_every > 0 || !c.resume.empty()))
     throw UsageError(
         "--checkpoint-every and --resume work with --stages 1 only for now (a "
@@ -79,6 +89,11 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"device_iterations", c.device_iterations},
           {"epochs", c.epochs},
           {"learning_rate", c.learning_rate},
+          {"optimizer", c.optimizer},
+          {"momentum", c.momentum},
+          {"weight_decay", c.weight_decay},
+          {"lr_schedule", c.lr_schedule},
+          {"warmup_steps", c.warmup_steps},
           {"seed", c.seed},
           {"shuffle", c.shuffle},
           {"global_batch", c.global_batch()}};
@@ -98,6 +113,11 @@ std::vector<std::string> resume_differences(const TrainConfig& c, const nlohmann
                                        "gradient_accumulation",
                                        "device_iterations",
                                        "learning_rate",
+                                       "optimizer",
+                                       "momentum",
+                                       "weight_decay",
+                                       "lr_schedule",
+                                       "warmup_steps",
                                        "seed",
                                        "shuffle"};
   const nlohmann::json now = config_json(c);
@@ -109,6 +129,10 @@ std::vector<std::string> resume_differences(const TrainConfig& c, const nlohmann
                             (was.is_null() ? std::string("(absent)") : was.dump()) + ", this run " +
                             now.at(key).dump());
   }
+  if (c.lr_schedule != "constant" && saved.contains("epochs") && saved.at("epochs") != c.epochs)
+    differences.push_back("epochs: checkpoint " + saved.at("epochs").dump() + ", this run " +
+                          std::to_string(c.epochs) + " (the " + c.lr_schedule +
+                          " learning-rate schedule spans the whole run)");
   return differences;
 }
 

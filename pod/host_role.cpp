@@ -10,7 +10,9 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -20,6 +22,7 @@
 #include "host/stream_server.hpp"
 #include "ipu_process/arch.hpp"
 #include "pod/report.hpp"
+#include "pod/scoring.hpp"
 #include "pod/train.hpp"
 #include "pod/wire.hpp"
 
@@ -65,9 +68,71 @@ std::size_t check_classification_data(const host::DatasetFile& file) {
   return static_cast<std::size_t>(max_label) + 1;
 }
 
+// What the host scores a model's test outputs against, read from the data set once.
+struct Scoring {
+  models::Task task = models::Task::classification;
+  double target_range = 1, train_mean = 0, compression_ratio = 0;
+  TestScores scores() const { return {task, target_range, train_mean, compression_ratio}; }
+};
+
+std::vector<std::size_t> every_index(std::size_t n) {
+  std::vector<std::size_t> all(n);
+  for (std::size_t i = 0; i < n; ++i) all[i] = i;
+  return all;
+}
+
+// Checks the data set suits a model that is not a classifier: float32 inputs, and float32
+// targets of the shape the model's labels take per sample. Returns what the scores need: the
+// range of the test targets (of a field, over its valid cells) and the mean training target.
+Scoring check_target_data(const host::DatasetFile& file, const models::Model& model) {
+  const models::TensorInfo& labels = model.graph.info(model.labels);
+  const std::vector<std::size_t> expected(labels.shape.begin() + 1, labels.shape.end());
+  const bool field = model.task == models::Task::reconstruction;
+  for (const char* split : {"train", "test"}) {
+    const host::SplitInfo info = file.info(split);
+    if (info.inputs.dtype != host::DType::f32)
+      throw host::DatasetError(file.path() + ": /" + split + "/inputs is " +
+                               std::string(host::dtype_name(info.inputs.dtype)) +
+                               ", the model needs float32 inputs");
+    if (info.targets.dtype != host::DType::f32 || info.targets.sample_shape != expected)
+      throw host::DatasetError(
+          file.path() + ": /" + split + "/targets must be float32 of shape " +
+          host::shape_string(expected) + " per sample for model " + model.name + " (" +
+          std::string(models::task_name(model.task)) + (field ? ": the field, then its mask" : "") +
+          "), got " + std::string(host::dtype_name(info.targets.dtype)) + " of shape " +
+          host::shape_string(info.targets.sample_shape) +
+          " (check --model and --data, or convert the data with `ipupod data`)");
+  }
+  Scoring scoring;
+  scoring.task = model.task;
+  scoring.compression_ratio = model.compression_ratio;
+  const host::HostArray test = file.read_targets("test", every_index(file.info("test").samples));
+  const auto t = test.as<const float>();
+  double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+  const std::size_t cells = expected.empty() ? 1 : host::shape_elements(expected) / (field ? 2 : 1);
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    if (field) {  // sample k's field occupies [2k cells, 2k cells + cells); its mask follows
+      const std::size_t k = i / (2 * cells), c = i % (2 * cells);
+      if (c >= cells || t[(2 * k + 1) * cells + c] == 0) continue;
+    }
+    lo = std::min<double>(lo, t[i]);
+    hi = std::max<double>(hi, t[i]);
+  }
+  scoring.target_range = hi > lo ? hi - lo : 1;
+  if (model.task == models::Task::regression) {
+    const host::HostArray train =
+        file.read_targets("train", every_index(file.info("train").samples));
+    double sum = 0;
+    for (float v : train.as<const float>()) sum += v;
+    scoring.train_mean = train.elements() ? sum / static_cast<double>(train.elements()) : 0;
+  }
+  return scoring;
+}
+
 struct EpochMetrics {
   std::size_t epoch = 0;
-  double train_loss = 0, test_loss = 0, test_accuracy = 0;
+  double train_loss = 0, test_loss = 0;
+  std::map<std::string, double> scores;  // by the model's task (scoring.hpp)
   std::size_t test_samples = 0;
   double measured_samples_per_s = 0, predicted_samples_per_s = 0;
 };
@@ -93,13 +158,14 @@ host::Frame expect_frame(host::StreamServer& server, std::size_t replica, Stream
 }
 
 nlohmann::json metrics_json(const EpochMetrics& m) {
-  return {{"epoch", m.epoch + 1},
-          {"train_loss", m.train_loss},
-          {"test_loss", m.test_loss},
-          {"test_accuracy", m.test_accuracy},
-          {"test_samples", m.test_samples},
-          {"measured_samples_per_s", m.measured_samples_per_s},
-          {"predicted_samples_per_s", m.predicted_samples_per_s}};
+  nlohmann::json j = {{"epoch", m.epoch + 1},
+                      {"train_loss", m.train_loss},
+                      {"test_loss", m.test_loss},
+                      {"test_samples", m.test_samples},
+                      {"measured_samples_per_s", m.measured_samples_per_s},
+                      {"predicted_samples_per_s", m.predicted_samples_per_s}};
+  for (const auto& [name, value] : m.scores) j[name] = value;
+  return j;
 }
 
 EpochMetrics metrics_from_json(const nlohmann::json& j) {
@@ -107,10 +173,17 @@ EpochMetrics metrics_from_json(const nlohmann::json& j) {
   m.epoch = j.at("epoch").get<std::size_t>() - 1;
   m.train_loss = j.at("train_loss");
   m.test_loss = j.at("test_loss");
-  m.test_accuracy = j.at("test_accuracy");
   m.test_samples = j.at("test_samples");
   m.measured_samples_per_s = j.at("measured_samples_per_s");
   m.predicted_samples_per_s = j.at("predicted_samples_per_s");
+  static const std::set<std::string> common = {"epoch",
+                                               "train_loss",
+                                               "test_loss",
+                                               "test_samples",
+                                               "measured_samples_per_s",
+                                               "predicted_samples_per_s"};
+  for (const auto& [name, value] : j.items())
+    if (!common.contains(name) && value.is_number()) m.scores[name] = value.get<double>();
   return m;
 }
 
@@ -246,6 +319,7 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
   std::unique_ptr<host::Loader> train, test;
   std::unique_ptr<host::StreamServer> server;
   Progress progress;
+  Scoring scoring;
   host::Checkpoint resume;
   const auto timeout = std::chrono::milliseconds(static_cast<long>(c.timeout_s * 1000));
   try {
@@ -268,8 +342,17 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
                                                              .seed = c.seed,
                                                              .prefetch_steps = 0,
                                                              .check_finite = true});
-    startup.classes = check_classification_data(train->file());
+    // The evaluation model (built here only to learn its task and shapes) says how the data
+    // must look and how its outputs are scored; a classifier's class count comes from the data.
     startup.sample_shape = train->info().inputs.sample_shape;
+    Startup probe = startup;
+    probe.classes = 2;
+    const models::Model model = models::build_model(c.model, model_options(c, probe, false));
+    if (model.task == models::Task::classification) {
+      startup.classes = check_classification_data(train->file());
+    } else {
+      scoring = check_target_data(train->file(), model);
+    }
     startup.train_steps = train->steps_per_epoch();
     startup.test_steps = test->steps_per_epoch();
     startup.secret = host::make_secret();
@@ -287,6 +370,9 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
   } catch (const host::DatasetError& e) {
     startup.status = 2;
     startup.message = e.what();
+  } catch (const std::invalid_argument& e) {  // the model cannot take this data's samples
+    startup.status = 2;
+    startup.message = "model " + c.model + ": " + e.what();
   } catch (const host::CheckpointError& e) {
     startup.status = 2;
     startup.message = "cannot resume: " + std::string(e.what());
@@ -436,30 +522,24 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
     m.predicted_samples_per_s =
         max_cycles ? trained / (static_cast<double>(max_cycles) / arch.clock_hz) : 0;
     // Evaluation on each replica's shard of the test split.
-    std::size_t correct = 0;
+    TestScores scores = scoring.scores();
     double test_loss = 0;
     for (std::size_t t = 0; t < startup.test_steps; ++t)
       for (std::size_t r = 0; r < c.replicas; ++r) {
         const host::Frame logits = expect_frame(*server, r, kLogitsFrames);
         const host::Frame loss = expect_frame(*server, r, kLossFrames);
         test_loss += loss.array.as<const float>()[0];
-        const auto labels = test->batch(0, t, r).targets;
-        const auto l = logits.array.as<const float>();
-        for (std::size_t i = 0; i < c.micro_batch; ++i) {
-          const float* row = l.data() + i * startup.classes;
-          const auto best = std::max_element(row, row + startup.classes) - row;
-          correct += best == labels.as<const std::int32_t>()[i];
-        }
+        const host::Batch b = test->batch(0, t, r);
+        scores.add(logits.array.as<const float>(), b.inputs, b.targets);
       }
     m.test_samples = startup.test_steps * c.replicas * c.micro_batch;
     m.test_loss =
         test_loss / static_cast<double>(std::max<std::size_t>(startup.test_steps * c.replicas, 1));
-    m.test_accuracy =
-        m.test_samples ? static_cast<double>(correct) / static_cast<double>(m.test_samples) : 0;
+    m.scores = scores.finish();
     std::cout << "epoch " << e + 1 << "/" << c.epochs << ": train loss " << std::setprecision(4)
-              << m.train_loss << ", test loss " << m.test_loss << ", test accuracy "
-              << std::setprecision(2) << 100 * m.test_accuracy << "% (" << m.test_samples
-              << " samples); " << std::setprecision(0) << m.measured_samples_per_s
+              << m.train_loss << ", test loss " << m.test_loss << ", "
+              << TestScores::describe(scoring.task, m.scores) << " (" << m.test_samples
+              << " samples); " << std::fixed << std::setprecision(0) << m.measured_samples_per_s
               << " samples/s measured, " << m.predicted_samples_per_s << " samples/s predicted on "
               << arch.name << std::endl;
     epochs.push_back(m);
@@ -521,14 +601,7 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
                              {"host", breakdown_seconds(3) / host_steps},
                              {"fabric", breakdown_seconds(4) / host_steps}};
   nlohmann::json epoch_json = nlohmann::json::array();
-  for (const auto& m : epochs)
-    epoch_json.push_back({{"epoch", m.epoch + 1},
-                          {"train_loss", m.train_loss},
-                          {"test_loss", m.test_loss},
-                          {"test_accuracy", m.test_accuracy},
-                          {"test_samples", m.test_samples},
-                          {"measured_samples_per_s", m.measured_samples_per_s},
-                          {"predicted_samples_per_s", m.predicted_samples_per_s}});
+  for (const auto& m : epochs) epoch_json.push_back(metrics_json(m));
   const EpochMetrics& last = epochs.back();
   nlohmann::json summary = {
       {"config", config_json(c)},
@@ -537,12 +610,13 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
       {"measured_samples_per_s", last.measured_samples_per_s},
       {"predicted_ipu_samples_per_s", last.predicted_samples_per_s},
       {"predicted_seconds_per_host_step", per_step},
-      {"test_accuracy", last.test_accuracy},
+      {"task", models::task_name(scoring.task)},
       {"test_loss", last.test_loss},
       {"epochs", epoch_json},
       {"parameters", parameters},
       {"replica_weight_checksums", checksums},
       {"replica_weights_identical", identical}};
+  for (const auto& [name, value] : last.scores) summary[name] = value;
   write_file_atomically(c.run_dir, "summary.json", summary.dump(2) + "\n");
   write_file_atomically(c.run_dir, "metrics.csv", csv.str());
   write_file_atomically(c.run_dir, "memory.json", memory.dump(1) + "\n");

@@ -92,20 +92,11 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
   if (startup.status != 0) return startup.status;
 
   const ipu::ArchPreset& arch = ipu::ArchPreset::get(config.arch);
-  models::ModelOptions options;
-  options.micro_batch = config.micro_batch;
-  options.sample_shape = startup.sample_shape;
-  options.classes = startup.classes;
-  options.hidden = config.hidden;
-  options.learning_rate = config.learning_rate;
-  options.width = config.width;
-  options.pipeline_stages = config.stages;
-  options.seed = config.seed;
-  const models::Model model = models::build_model(config.model, options);
+  const models::Model model =
+      models::build_model(config.model, model_options(config, startup, true));
   // Evaluation uses the inference-mode model (running statistics, no dropout), same weights.
-  models::ModelOptions eval_options = options;
-  eval_options.training = false;
-  const models::Model eval_model = models::build_model(config.model, eval_options);
+  const models::Model eval_model =
+      models::build_model(config.model, model_options(config, startup, false));
   CompiledModel compiled = compile_for_ipu(model, arch,
                                            {.gradient_accumulation = config.gradient_accumulation,
                                             .device_iterations = config.device_iterations,

@@ -51,7 +51,18 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
                   "Optimizer steps the device runs per host step (PopTorch deviceIterations)")
       ->capture_default_str();
   train.add_option("--epochs", c.epochs, "Passes over the training split")->capture_default_str();
-  train.add_option("--learning-rate", c.learning_rate, "SGD learning rate")->capture_default_str();
+  train.add_option("--learning-rate", c.learning_rate, "Base learning rate")->capture_default_str();
+  train.add_option("--optimizer", c.optimizer, "sgd, sgd_momentum, adam or adamw, applied on tiles")
+      ->capture_default_str();
+  train.add_option("--momentum", c.momentum, "Momentum of sgd_momentum")->capture_default_str();
+  train.add_option("--weight-decay", c.weight_decay, "L2 (sgd*, adam) or decoupled (adamw) decay")
+      ->capture_default_str();
+  train
+      .add_option("--lr-schedule", c.lr_schedule,
+                  "constant, step (x0.1 after each quarter of the run) or cosine (to 0 at the end)")
+      ->capture_default_str();
+  train.add_option("--warmup-steps", c.warmup_steps, "Optimizer steps of linear learning-rate warm-up")
+      ->capture_default_str();
   train.add_option("--seed", c.seed, "Seed of weight initialisation and shuffling")
       ->capture_default_str();
   train.add_flag("!--no-shuffle", c.shuffle, "Read each epoch in file order");

@@ -2,6 +2,7 @@
 // a runtime failure after start-up aborts the whole MPI job with the message on stderr.
 #include "pod/train.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 
@@ -22,6 +23,33 @@ int run_train(const TrainConfig& config, MPI_Comm world) {
   } catch (const std::exception& e) {
     abort_job(world, e.what());
   }
+}
+
+models::ModelOptions model_options(const TrainConfig& config, const Startup& startup,
+                                   bool training) {
+  models::ModelOptions options;
+  options.micro_batch = config.micro_batch;
+  options.sample_shape = startup.sample_shape;
+  options.classes = startup.classes;
+  options.hidden = config.hidden;
+  options.learning_rate = config.learning_rate;
+  options.width = config.width;
+  options.pipeline_stages = config.stages;
+  options.seed = config.seed;
+  options.training = training;
+  options.optimizer.kind = models::optimizer_from_name(config.optimizer);
+  options.optimizer.momentum = config.momentum;
+  options.optimizer.weight_decay = config.weight_decay;
+  // The schedule counts optimizer steps: device iterations per host step, over the whole run.
+  const std::size_t total = config.epochs * startup.train_steps * config.device_iterations;
+  options.optimizer.schedule.kind = config.lr_schedule == "cosine" ? models::ScheduleKind::cosine
+                                    : config.lr_schedule == "step" ? models::ScheduleKind::step
+                                                                   : models::ScheduleKind::constant;
+  options.optimizer.schedule.warmup_steps = config.warmup_steps;
+  options.optimizer.schedule.total_steps = total;
+  options.optimizer.schedule.step_size = std::max<std::size_t>(1, total / 4);
+  options.optimizer.schedule.gamma = 0.1;
+  return options;
 }
 
 void abort_job(MPI_Comm world, const std::string& what) {

@@ -5,7 +5,9 @@
 
 #include <string>
 
+#include "models/zoo.hpp"
 #include "pod/config.hpp"
+#include "pod/wire.hpp"
 
 namespace ipupod::pod {
 
@@ -18,5 +20,10 @@ int run_host(const TrainConfig& config, MPI_Comm world);
 // where the failure happens, before any clean-up could make a peer fail first and hide the cause.
 [[noreturn]] void abort_job(MPI_Comm world, const std::string& what);
 int run_ipu(const TrainConfig& config, MPI_Comm world);
+
+// The model options of a job: the same on the host (which builds the evaluation model to learn
+// its task and output shapes) and on every IPU.
+models::ModelOptions model_options(const TrainConfig& config, const Startup& startup,
+                                   bool training);
 
 }  // namespace ipupod::pod

@@ -98,6 +98,96 @@ TEST(Compiler, OneReplicaMatchesTheInterpreterStepForStep) {
   EXPECT_GT(engine.cycles().host, 0u);
 }
 
+// Adam, AdamW and momentum SGD with a warm-up and a decaying schedule, lowered onto the tiles:
+// three optimizer steps (device iterations) against the interpreter's, losses and weights.
+struct OptimizerCase {
+  models::OptimizerKind kind;
+  models::ScheduleKind schedule;
+  double weight_decay;
+  bool nesterov;
+};
+class StatefulOptimizer : public ::testing::TestWithParam<OptimizerCase> {};
+
+TEST_P(StatefulOptimizer, MatchesTheInterpreterStepForStep) {
+  models::ModelOptions o;
+  o.micro_batch = 5;
+  o.sample_shape = {1, 4, 6};
+  o.classes = 3;
+  o.hidden = {11};
+  o.learning_rate = 0.01;
+  o.optimizer.kind = GetParam().kind;
+  o.optimizer.weight_decay = GetParam().weight_decay;
+  o.optimizer.nesterov = GetParam().nesterov;
+  o.optimizer.schedule.kind = GetParam().schedule;
+  o.optimizer.schedule.warmup_steps = 1;
+  o.optimizer.schedule.total_steps = 3;
+  const models::Model model = models::build_model("mlp", o);
+  const std::size_t steps = 3, seed = 4;
+  CompiledModel compiled =
+      compile_for_ipu(model, ipu::ArchPreset::get("tiny"), {.device_iterations = steps});
+  ipu::Engine engine(*compiled.graph, compiled.programs);
+  models::Interpreter reference(model.graph, seed);
+  for (const auto& [id, tensor] : compiled.initial_values)
+    engine.write(tensor, std::as_bytes(std::span(reference.get(id).f)));
+  for (const auto& [tensor, value] : compiled.constants) {
+    std::vector<float> fill(tensor.elements(), value);
+    engine.write(tensor, std::as_bytes(std::span(fill)));
+  }
+  std::vector<models::Buffer> xs, ys;
+  std::mt19937 gen(9);
+  std::normal_distribution<float> d;
+  for (std::size_t b = 0; b < steps; ++b) {
+    xs.push_back(models::Buffer::zeros(model.graph.info(model.input)));
+    ys.push_back(models::Buffer::zeros(model.graph.info(model.labels)));
+    for (auto& v : xs.back().f) v = d(gen);
+    for (std::size_t i = 0; i < o.micro_batch; ++i)
+      ys.back().i[i] = static_cast<std::int32_t>((i * 7 + b) % o.classes);
+  }
+  std::size_t next_x = 0, next_y = 0;
+  std::vector<float> losses;
+  engine.connect_input_stream(kInputStream, [&](std::span<std::byte> dst) {
+    std::memcpy(dst.data(), xs.at(next_x++).f.data(), dst.size());
+  });
+  engine.connect_input_stream(kLabelStream, [&](std::span<std::byte> dst) {
+    std::memcpy(dst.data(), ys.at(next_y++).i.data(), dst.size());
+  });
+  engine.connect_output_stream(kLossStream, [&](std::span<const std::byte> src) {
+    float v;
+    std::memcpy(&v, src.data(), sizeof v);
+    losses.push_back(v);
+  });
+  engine.run("train");
+  ASSERT_EQ(losses.size(), steps);
+  for (std::size_t b = 0; b < steps; ++b) {
+    reference.set(model.input, xs[b]);
+    reference.set(model.labels, ys[b]);
+    reference.run();
+    EXPECT_NEAR(losses[b], reference.get(model.loss).f[0], 1e-5) << "step " << b;
+  }
+  std::size_t states = 0;
+  for (const auto& [id, tensor] : compiled.initial_values) {  // weights, moments, step counter
+    const auto bytes = engine.read(tensor);
+    std::vector<float> device(bytes.size() / 4);
+    std::memcpy(device.data(), bytes.data(), bytes.size());
+    const auto& expected = reference.get(id).f;
+    ASSERT_EQ(device.size(), expected.size());
+    for (std::size_t i = 0; i < device.size(); ++i)
+      ASSERT_NEAR(device[i], expected[i], 1e-6 + 1e-5 * std::abs(expected[i]))
+          << model.graph.value(id).name << "[" << i << "]";
+    states += model.graph.producer(id).kind == models::OpKind::state;
+  }
+  EXPECT_GT(states, model.gradients.size()) << "moments and the step counter are on the IPU";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Pod, StatefulOptimizer,
+    ::testing::Values(
+        OptimizerCase{models::OptimizerKind::adam, models::ScheduleKind::cosine, 0.01, false},
+        OptimizerCase{models::OptimizerKind::adamw, models::ScheduleKind::step, 0.1, false},
+        OptimizerCase{models::OptimizerKind::sgd_momentum, models::ScheduleKind::cosine, 0.01,
+                      true},
+        OptimizerCase{models::OptimizerKind::sgd, models::ScheduleKind::constant, 0, false}));
+
 // Trains `model` split into `stages` IPUs (one engine each, on its own thread, bound to an
 // in-process fabric) for `steps` host steps; returns the final weights by name and the losses.
 struct PipelineRun {
