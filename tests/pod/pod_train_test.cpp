@@ -135,6 +135,52 @@ TEST_F(PodTrain, TwoReplicasLearnAndEndWithBitwiseIdenticalWeights) {
     EXPECT_TRUE(categories.count(c)) << c;
 }
 
+// The main job in small: the HAE on real climate patches (Debian's netCDF fields), split over
+// two pipeline stages, Adam on the tiles; the test PSNR over the valid cells rises epoch over
+// epoch and the summary carries the compression ratio of the codes.
+TEST_F(PodTrain, HaeOnClimatePatchesImprovesItsPsnrOverTwoStages) {
+  const fs::path climate = dir() / "climate32.h5";
+  const Result convert = run(std::string(IPUPOD_BINARY) + " data climate --out " +
+                             climate.string() + " --patch 32 --stride 28 --max-slices 3");
+  ASSERT_EQ(convert.exit_code, 0) << convert.output;
+  const fs::path run_dir = dir() / "hae";
+  const Result r = run(mpirun(3) + "train --model hae --width 0.125 --data " + climate.string() +
+                       " --stages 2 --micro-batch 4 --gradient-accumulation 2 --epochs 3"
+                       " --optimizer adam --learning-rate 0.002 --arch mk2 --topology m2000"
+                       " --timeout 600 --run-dir " +
+                       run_dir.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("test PSNR"), std::string::npos) << r.output;
+  std::ifstream in(run_dir / "summary.json");
+  const auto summary = nlohmann::json::parse(in);
+  EXPECT_EQ(summary.at("task"), "reconstruction");
+  // 32x32 values of 32 bits against 4x4 + 2x2 codes of log2(32) bits.
+  EXPECT_NEAR(summary.at("compression_ratio").get<double>(), 32.0 * 32 * 32 / (20 * 5), 1e-9);
+  const auto& epochs = summary.at("epochs");
+  ASSERT_EQ(epochs.size(), 3u);
+  for (std::size_t e = 1; e < epochs.size(); ++e)
+    EXPECT_GT(epochs[e].at("test_psnr_db").get<double>(),
+              epochs[e - 1].at("test_psnr_db").get<double>())
+        << "epoch " << e + 1 << "\n"
+        << r.output;
+  EXPECT_FALSE(summary.contains("test_accuracy"));
+}
+
+// A model whose data does not fit its task stops at start-up and says what it needs.
+TEST_F(PodTrain, DataOfTheWrongKindForTheModelIsBadInput) {
+  expect_bad_input(run(mpirun(2) + "train --model hae --data " + data().string() +
+                       " --arch tiny --run-dir " + (dir() / "wrong").string()),
+                   "model hae: hae takes single-channel square patches");
+  const fs::path climate = dir() / "climate-wrong.h5";
+  ASSERT_EQ(run(std::string(IPUPOD_BINARY) + " data climate --out " + climate.string() +
+                " --patch 32 --stride 28 --max-slices 1")
+                .exit_code,
+            0);
+  expect_bad_input(run(mpirun(2) + "train --model cnn --data " + climate.string() +
+                       " --arch tiny --run-dir " + (dir() / "wrong").string()),
+                   "/targets must hold one int32 class label per sample for a classifier");
+}
+
 TEST_F(PodTrain, ModelThatDoesNotFitFailsWithTheTileReport) {
   const Result r = run(mpirun(2) + "train --hidden 1024 --data " + data().string() +
                        " --arch tiny --run-dir " + (dir() / "oom").string());
