@@ -3,10 +3,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <sstream>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace ipupod::ipu {
 
@@ -42,13 +48,23 @@ std::size_t MemoryReport::tiles_over() const {
 struct Engine::CompiledComputeSet {
   struct VertexRuntime {
     const Codelet* codelet;
+    unsigned tile;
     std::size_t field_begin, field_count, param_begin, param_count;
   };
   std::vector<Region> regions;
+  std::vector<std::size_t> region_bytes;  // of each region
   std::vector<std::span<const Region>> fields;
   std::vector<double> params;
   std::vector<VertexRuntime> vertices;
+  // The vertices of tile t are by_tile[tile_begin[t] .. tile_begin[t + 1]), in graph order.
+  std::vector<std::size_t> tile_begin, by_tile;
   std::uint64_t cycles = 0;  // max over tiles of the busiest worker
+
+  void run_vertex(std::size_t i) const {
+    const VertexRuntime& v = vertices[i];
+    v.codelet->compute(VertexContext(std::span(fields).subspan(v.field_begin, v.field_count),
+                                     std::span(params).subspan(v.param_begin, v.param_count)));
+  }
 };
 
 struct Engine::CompiledExchange {
@@ -57,14 +73,21 @@ struct Engine::CompiledExchange {
     std::byte* dst;
     std::size_t bytes;
   };
+  // When no transfer reads bytes that a transfer writes, the transfers are grouped by
+  // destination tile (program order within a tile): those of tile t are
+  // transfers[tile_begin[t] .. tile_begin[t + 1]), and tiles can be filled in any order or at
+  // once, with the same result. Otherwise tile_begin is empty and they run in program order.
   std::vector<Transfer> transfers;
+  std::vector<std::size_t> tile_begin;
   std::uint64_t cycles = 0;
 };
 
 struct Engine::Node {
   Program::Kind kind = Program::Kind::sequence;
   std::vector<Node> children;
-  std::size_t index = 0;    // compute set or exchange
+  std::size_t index = 0;  // compute set or exchange
+  // An execute that runs tile by tile right after the exchange before it (see fuse_exchanges).
+  std::optional<std::size_t> exchange;
   std::uint64_t count = 0;  // repeat count
   SyncKind sync = SyncKind::internal;
   CollectiveOp op = CollectiveOp::sum;
@@ -86,6 +109,49 @@ std::string format_bytes(std::size_t b) {
   std::ostringstream os;
   os << b << " B";
   return os.str();
+}
+
+// A set of byte ranges of tile memory, for the compile-time checks that decide whether data
+// movements may run out of program order: add ranges, seal, then ask about overlaps.
+class ByteRanges {
+ public:
+  void add(const std::byte* data, std::size_t bytes) {
+    if (data != nullptr && bytes > 0) ranges_.emplace_back(address(data), address(data) + bytes);
+  }
+  void seal() {  // sorts and merges, so that ends increase with begins
+    std::sort(ranges_.begin(), ranges_.end());
+    std::size_t out = 0;
+    for (const auto& r : ranges_)
+      if (out > 0 && r.first <= ranges_[out - 1].second)
+        ranges_[out - 1].second = std::max(ranges_[out - 1].second, r.second);
+      else
+        ranges_[out++] = r;
+    ranges_.resize(out);
+  }
+  bool overlaps(const std::byte* data, std::size_t bytes) const {
+    if (data == nullptr || bytes == 0) return false;
+    const std::uintptr_t b = address(data), e = b + bytes;
+    auto it = std::upper_bound(ranges_.begin(), ranges_.end(), b,
+                               [](std::uintptr_t x, const auto& r) { return x < r.second; });
+    return it != ranges_.end() && it->first < e;
+  }
+
+ private:
+  static std::uintptr_t address(const std::byte* p) { return reinterpret_cast<std::uintptr_t>(p); }
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges_;
+};
+
+// Offsets of each key's run in a stable counting sort of keys in [0, buckets): the items of
+// key t go to positions begin[t] .. begin[t + 1]; fills order with the items' new order.
+std::vector<std::size_t> group_by(const std::vector<unsigned>& keys, unsigned buckets,
+                                  std::vector<std::size_t>& order) {
+  std::vector<std::size_t> begin(buckets + 1, 0);
+  for (unsigned k : keys) ++begin[k + 1];
+  std::partial_sum(begin.begin(), begin.end(), begin.begin());
+  std::vector<std::size_t> next(begin.begin(), begin.end() - 1);
+  order.assign(keys.size(), 0);
+  for (std::size_t i = 0; i < keys.size(); ++i) order[next[keys[i]]++] = i;
+  return begin;
 }
 }  // namespace
 
@@ -329,10 +395,50 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
           "memory per tile; allow-out-of-memory writes the full memory report instead.";
     throw OutOfMemoryError(os.str(), memory_);
   }
-  arenas_.resize(arch.tiles);
-  if (over == 0)
-    for (unsigned t = 0; t < arch.tiles; ++t)
-      if (used[t] > 0) arenas_[t] = std::make_unique<std::byte[]>(used[t]);  // zeroed, lazily sized
+  arenas_.assign(arch.tiles, nullptr);
+  if (over > 0) return;
+  // Every tile's memory in one zeroed block, each tile's from a cache-line boundary, so that
+  // the host can back it with large pages: the tiles of an IPU hold hundreds of MB, and with
+  // 4 KiB pages a run would pay a page-table walk for most pages it touches.
+  constexpr std::size_t kLine = 64;
+  std::size_t total = 0;
+  for (unsigned t = 0; t < arch.tiles; ++t) total += (used[t] + kLine - 1) / kLine * kLine;
+  if (total == 0) return;
+  tile_memory_ = TileMemoryBlock(total);
+  std::byte* next = tile_memory_.data();
+  for (unsigned t = 0; t < arch.tiles; ++t)
+    if (used[t] > 0) {
+      arenas_[t] = next;
+      next += (used[t] + kLine - 1) / kLine * kLine;
+    }
+}
+
+Engine::TileMemoryBlock::TileMemoryBlock(std::size_t bytes) : bytes_(bytes) {
+#if defined(__linux__)
+  // Anonymous pages are zero until written, and only pages written take host memory.
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  madvise(p, bytes, MADV_HUGEPAGE);  // a hint: without transparent huge pages, small ones
+  data_ = static_cast<std::byte*>(p);
+#else
+  data_ = static_cast<std::byte*>(std::calloc(bytes, 1));
+  if (data_ == nullptr) throw std::bad_alloc();
+#endif
+}
+
+Engine::TileMemoryBlock::~TileMemoryBlock() {
+  if (data_ == nullptr) return;
+#if defined(__linux__)
+  munmap(data_, bytes_);
+#else
+  std::free(data_);
+#endif
+}
+
+Engine::TileMemoryBlock& Engine::TileMemoryBlock::operator=(TileMemoryBlock&& o) noexcept {
+  std::swap(data_, o.data_);
+  std::swap(bytes_, o.bytes_);
+  return *this;
 }
 
 std::vector<Engine::Piece> Engine::resolve(const Tensor& t) const {
@@ -346,7 +452,7 @@ std::vector<Engine::Piece> Engine::resolve(const Tensor& t) const {
   for (; it != m.end() && it->begin < e; ++it) {
     const std::size_t k = static_cast<std::size_t>(it - m.begin());
     const std::size_t lo = std::max(it->begin, b), hi = std::min(it->end, e);
-    std::byte* base = arenas_[it->tile].get();
+    std::byte* base = arenas_[it->tile];
     out.push_back(
         {it->tile,
          base ? base + interval_offsets_[t.variable()][k] + (lo - it->begin) * esize : nullptr,
@@ -366,6 +472,7 @@ Engine::Node Engine::compile(const Program& p) {
     case Program::Kind::if_else:
       node.count = p.count();
       for (const auto& c : p.children()) node.children.push_back(compile(c));
+      if (node.kind == Program::Kind::sequence) fuse_exchanges(node);
       if (!p.tensors().empty()) {
         node.pieces = resolve(p.tensors()[0]);
         node.dtype = p.tensors()[0].dtype();
@@ -385,8 +492,8 @@ Engine::Node Engine::compile(const Program& p) {
                                  ") of compute set '" + cs.name + "' connects " +
                                  std::to_string(v.fields.size()) + " fields, the codelet has " +
                                  std::to_string(codelet.fields.size()));
-        CompiledComputeSet::VertexRuntime rt{&codelet, fields_so_far, v.fields.size(),
-                                             ccs->params.size(), v.params.size()};
+        CompiledComputeSet::VertexRuntime rt{
+            &codelet, v.tile, fields_so_far, v.fields.size(), ccs->params.size(), v.params.size()};
         for (std::size_t f = 0; f < v.fields.size(); ++f) {
           for (const Tensor& region : v.fields[f]) {
             auto pieces = resolve(region);
@@ -405,6 +512,7 @@ Engine::Node Engine::compile(const Program& p) {
                                      " is not contiguous in tile memory; split it into regions");
             ccs->regions.push_back(pieces.empty() ? Region{}
                                                   : Region{pieces[0].data, region.elements()});
+            ccs->region_bytes.push_back(region.elements() * dtype_size(region.dtype()));
           }
         }
         ccs->params.insert(ccs->params.end(), v.params.begin(), v.params.end());
@@ -425,6 +533,12 @@ Engine::Node Engine::compile(const Program& p) {
         }
       for (const auto& [tile, loads] : worker_loads)
         ccs->cycles = std::max(ccs->cycles, *std::max_element(loads.begin(), loads.end()));
+      {
+        std::vector<unsigned> tiles;
+        tiles.reserve(ccs->vertices.size());
+        for (const auto& rt : ccs->vertices) tiles.push_back(rt.tile);
+        ccs->tile_begin = group_by(tiles, arch.tiles, ccs->by_tile);
+      }
       node.index = compute_sets_.size();
       compute_sets_.push_back(std::move(ccs));
       break;
@@ -433,6 +547,7 @@ Engine::Node Engine::compile(const Program& p) {
       node.name = "exchange";
       auto ex = std::make_unique<CompiledExchange>();
       std::map<unsigned, std::size_t> bytes_out, bytes_in;
+      std::vector<unsigned> dst_tiles;
       for (const auto& [src, dst] : p.pairs()) {
         const auto s = resolve(src), d = resolve(dst);
         const std::size_t esize = dtype_size(src.dtype());
@@ -441,6 +556,7 @@ Engine::Node Engine::compile(const Program& p) {
           const std::size_t n = std::min(s[si].elements - soff, d[di].elements - doff);
           ex->transfers.push_back(
               {s[si].data + soff * esize, d[di].data + doff * esize, n * esize});
+          dst_tiles.push_back(d[di].tile);
           bytes_out[s[si].tile] += n * esize;
           bytes_in[d[di].tile] += n * esize;
           soff += n;
@@ -455,6 +571,20 @@ Engine::Node Engine::compile(const Program& p) {
       ex->cycles = arch.exchange_latency_cycles +
                    static_cast<std::uint64_t>(std::ceil(static_cast<double>(worst) /
                                                         arch.exchange_bytes_per_cycle_per_tile));
+      // On hardware every tile's receives happen at once; here the transfers may run grouped
+      // by destination tile unless one reads what another writes (then program order decides).
+      ByteRanges written;
+      for (const auto& tr : ex->transfers) written.add(tr.dst, tr.bytes);
+      written.seal();
+      if (std::none_of(ex->transfers.begin(), ex->transfers.end(),
+                       [&](const auto& tr) { return written.overlaps(tr.src, tr.bytes); })) {
+        std::vector<std::size_t> order;
+        ex->tile_begin = group_by(dst_tiles, arch.tiles, order);
+        std::vector<CompiledExchange::Transfer> grouped;
+        grouped.reserve(order.size());
+        for (std::size_t i : order) grouped.push_back(ex->transfers[i]);
+        ex->transfers = std::move(grouped);
+      }
       node.index = exchanges_.size();
       exchanges_.push_back(std::move(ex));
       break;
@@ -486,6 +616,29 @@ Engine::Node Engine::compile(const Program& p) {
       break;
   }
   return node;
+}
+
+void Engine::fuse_exchanges(Node& sequence) const {
+  auto& steps = sequence.children;
+  for (std::size_t i = 0; i + 1 < steps.size(); ++i) {
+    if (steps[i].kind != Program::Kind::copy || steps[i + 1].kind != Program::Kind::execute)
+      continue;
+    const CompiledExchange& ex = *exchanges_[steps[i].index];
+    const CompiledComputeSet& cs = *compute_sets_[steps[i + 1].index];
+    if (ex.tile_begin.empty()) continue;
+    // A vertex touches only its own tile, so once a tile's transfers are in, its vertices see
+    // what they would after the whole exchange. What no vertex may do is change bytes that a
+    // transfer to a later tile still has to read: no vertex region may overlap a source.
+    ByteRanges sources;
+    for (const auto& tr : ex.transfers) sources.add(tr.src, tr.bytes);
+    sources.seal();
+    bool overlap = false;
+    for (std::size_t r = 0; r < cs.regions.size() && !overlap; ++r)
+      overlap = sources.overlaps(cs.regions[r].data, cs.region_bytes[r]);
+    if (overlap) continue;
+    steps[i + 1].exchange = steps[i].index;
+    steps.erase(steps.begin() + static_cast<std::ptrdiff_t>(i));
+  }
 }
 
 void Engine::account(const char* category, std::uint64_t CycleBreakdown::*field,
@@ -535,22 +688,40 @@ void Engine::execute(const Node& node) {
       break;
     case Program::Kind::execute: {
       const CompiledComputeSet& cs = *compute_sets_[node.index];
-      // Vertices of a compute set write disjoint memory, so any split of them is exact.
-      pool_->parallel_for(cs.vertices.size(), [&](std::size_t b, std::size_t e) {
-        for (std::size_t i = b; i < e; ++i) {
-          const auto& v = cs.vertices[i];
-          VertexContext ctx(std::span(cs.fields).subspan(v.field_begin, v.field_count),
-                            std::span(cs.params).subspan(v.param_begin, v.param_count));
-          v.codelet->compute(ctx);
-        }
-      });
+      if (node.exchange) {
+        // The exchange before it and the compute set, tile by tile: a tile's operands are still
+        // in the host's cache when its vertices read them.
+        const CompiledExchange& ex = *exchanges_[*node.exchange];
+        pool_->parallel_for(arch.tiles, [&](std::size_t b, std::size_t e) {
+          for (std::size_t t = b; t < e; ++t) {
+            for (std::size_t i = ex.tile_begin[t]; i < ex.tile_begin[t + 1]; ++i)
+              std::memcpy(ex.transfers[i].dst, ex.transfers[i].src, ex.transfers[i].bytes);
+            for (std::size_t i = cs.tile_begin[t]; i < cs.tile_begin[t + 1]; ++i)
+              cs.run_vertex(cs.by_tile[i]);
+          }
+        });
+        account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");
+        account("exchange", &CycleBreakdown::exchange, ex.cycles, "exchange");
+      } else {
+        // Vertices of a compute set write disjoint memory, so any split of them is exact.
+        pool_->parallel_for(cs.vertices.size(), [&](std::size_t b, std::size_t e) {
+          for (std::size_t i = b; i < e; ++i) cs.run_vertex(i);
+        });
+      }
       account("compute", &CycleBreakdown::compute, cs.cycles, node.name);
       account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");
       break;
     }
     case Program::Kind::copy: {
       const CompiledExchange& ex = *exchanges_[node.index];
-      for (const auto& tr : ex.transfers) std::memmove(tr.dst, tr.src, tr.bytes);
+      if (ex.tile_begin.empty()) {
+        for (const auto& tr : ex.transfers) std::memmove(tr.dst, tr.src, tr.bytes);
+      } else {  // no transfer reads what another writes: the tiles fill at once
+        pool_->parallel_for(arch.tiles, [&](std::size_t b, std::size_t e) {
+          for (std::size_t i = ex.tile_begin[b]; i < ex.tile_begin[e]; ++i)
+            std::memcpy(ex.transfers[i].dst, ex.transfers[i].src, ex.transfers[i].bytes);
+        });
+      }
       account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");
       account("exchange", &CycleBreakdown::exchange, ex.cycles, node.name);
       break;

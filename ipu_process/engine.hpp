@@ -137,12 +137,29 @@ class Engine {
   static void scatter_pieces(const std::vector<Piece>& pieces, std::size_t element_bytes,
                              std::span<const std::byte> in);
   Node compile(const Program& p);
+  void fuse_exchanges(Node& sequence) const;
   void execute(const Node& node);
 
   const Graph& graph_;
   EngineOptions options_;
   MemoryReport memory_;
-  std::vector<std::unique_ptr<std::byte[]>> arenas_;        // per tile, sized to its use
+  // The memory of every tile, in one block of host memory (see allocate_memory).
+  class TileMemoryBlock {
+   public:
+    TileMemoryBlock() = default;
+    explicit TileMemoryBlock(std::size_t bytes);  // zeroed
+    ~TileMemoryBlock();
+    TileMemoryBlock(const TileMemoryBlock&) = delete;
+    TileMemoryBlock& operator=(TileMemoryBlock&& o) noexcept;
+    std::byte* data() const { return data_; }
+
+   private:
+    std::byte* data_ = nullptr;
+    std::size_t bytes_ = 0;
+  };
+
+  TileMemoryBlock tile_memory_;
+  std::vector<std::byte*> arenas_;  // each tile's memory in tile_memory_, sized to its use
   std::vector<std::vector<std::size_t>> interval_offsets_;  // per variable, per mapping interval
   std::vector<std::unique_ptr<CompiledComputeSet>> compute_sets_;
   std::vector<std::unique_ptr<CompiledExchange>> exchanges_;
