@@ -8,17 +8,17 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ipu_process/codelets.hpp"
 
-// The kernel is built for several host instruction sets and the best one is chosen when the
-// program loads (GCC/Clang function multiversioning), so one binary is fast on every x86-64.
+// The kernel is built for several host instruction sets, each with the register tile that fits
+// its registers, and the best one the host supports is chosen when it is first called, so one
+// binary is fast on every x86-64.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define IPUPOD_MATMUL_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define IPUPOD_MATMUL_CLONES
+#define IPUPOD_MATMUL_VARIANTS 1
 #endif
 
 namespace ipupod::ipu {
@@ -26,145 +26,213 @@ namespace ops {
 namespace {
 
 // Host-side blocking of the kernel (how the emulator computes fast, not a hardware figure):
-// a register tile of kTileRows rows x kTileVectors vectors of kLanes floats, and passes over
-// kDepthBlock steps of the inner dimension so that a kDepthBlock x 32 panel of b stays in
-// the host's level-1 cache while the rows stream past it.
-constexpr std::size_t kLanes = 16;
-constexpr std::size_t kTileRows = 6;
-constexpr std::size_t kTileVectors = 2;
-constexpr std::size_t kTileColumns = kLanes * kTileVectors;
+// a register tile of up to MaxRows rows x MaxVectors host vectors of Lanes floats, and passes
+// over kDepthBlock steps of the inner dimension so that a kDepthBlock-row panel of b stays in
+// the host's cache while the rows stream past it.
 constexpr std::size_t kDepthBlock = 256;
 
-// A host vector of kLanes floats; narrower hosts split it into several registers.
-typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
+template <std::size_t Lanes, std::size_t MaxRows, std::size_t MaxVectors>
+struct Kernel {
+  static constexpr std::size_t kTileColumns = Lanes * MaxVectors;
+  typedef float Vector __attribute__((vector_size(Lanes * sizeof(float))));
 
-// acc[i][v] += a(i, p) * b(p, v-th vector) for p in [0, depth), in increasing p: every output
-// element sees its terms in the same order as the plain loop. tile holds rows x kTileColumns
-// floats (the running sums) on entry and on exit.
-template <std::size_t Rows, std::size_t Vectors>
-[[gnu::always_inline]] inline void register_tile(const float* a, std::size_t a_row_stride,
-                                                 std::size_t a_depth_stride, const float* b,
-                                                 std::size_t b_row_stride, std::size_t depth,
-                                                 float* tile) {
-  Lanes acc[Rows][Vectors];
+  // acc[i][v] += a(i, p) * b(p, v-th vector) for p in [0, depth), in increasing p: every
+  // output element sees its terms in the same order as the plain loop. tile holds
+  // rows x kTileColumns floats (the running sums) on entry and on exit.
+  template <std::size_t Rows, std::size_t Vectors>
+  [[gnu::always_inline]] static inline void register_tile(const float* a, std::size_t a_row_stride,
+                                                          std::size_t a_depth_stride,
+                                                          const float* b, std::size_t b_row_stride,
+                                                          std::size_t depth, float* tile) {
+    Vector acc[Rows][Vectors];
 #pragma GCC unroll 8
-  for (std::size_t i = 0; i < Rows; ++i)
+    for (std::size_t i = 0; i < Rows; ++i)
 #pragma GCC unroll 4
-    for (std::size_t v = 0; v < Vectors; ++v)
-      std::memcpy(&acc[i][v], tile + i * kTileColumns + v * kLanes, sizeof(Lanes));
-  for (std::size_t p = 0; p < depth; ++p) {
-    Lanes bv[Vectors];
+      for (std::size_t v = 0; v < Vectors; ++v)
+        std::memcpy(&acc[i][v], tile + i * kTileColumns + v * Lanes, sizeof(Vector));
+    for (std::size_t p = 0; p < depth; ++p) {
+      Vector bv[Vectors];
 #pragma GCC unroll 4
-    for (std::size_t v = 0; v < Vectors; ++v)
-      std::memcpy(&bv[v], b + p * b_row_stride + v * kLanes, sizeof(Lanes));
+      for (std::size_t v = 0; v < Vectors; ++v)
+        std::memcpy(&bv[v], b + p * b_row_stride + v * Lanes, sizeof(Vector));
 #pragma GCC unroll 8
-    for (std::size_t i = 0; i < Rows; ++i) {
-      const float av = a[i * a_row_stride + p * a_depth_stride];
+      for (std::size_t i = 0; i < Rows; ++i) {
+        const float av = a[i * a_row_stride + p * a_depth_stride];
 #pragma GCC unroll 4
-      for (std::size_t v = 0; v < Vectors; ++v) acc[i][v] += av * bv[v];
+        for (std::size_t v = 0; v < Vectors; ++v) acc[i][v] += av * bv[v];
+      }
     }
-  }
 #pragma GCC unroll 8
-  for (std::size_t i = 0; i < Rows; ++i)
+    for (std::size_t i = 0; i < Rows; ++i)
 #pragma GCC unroll 4
-    for (std::size_t v = 0; v < Vectors; ++v)
-      std::memcpy(tile + i * kTileColumns + v * kLanes, &acc[i][v], sizeof(Lanes));
-}
-
-template <std::size_t Vectors>
-[[gnu::always_inline]] inline void register_tile_rows(std::size_t rows, const float* a,
-                                                      std::size_t ars, std::size_t ads,
-                                                      const float* b, std::size_t brs,
-                                                      std::size_t depth, float* tile) {
-  static_assert(kTileRows == 6, "one case per row count of a register tile");
-  switch (rows) {
-    case 1:
-      return register_tile<1, Vectors>(a, ars, ads, b, brs, depth, tile);
-    case 2:
-      return register_tile<2, Vectors>(a, ars, ads, b, brs, depth, tile);
-    case 3:
-      return register_tile<3, Vectors>(a, ars, ads, b, brs, depth, tile);
-    case 4:
-      return register_tile<4, Vectors>(a, ars, ads, b, brs, depth, tile);
-    case 5:
-      return register_tile<5, Vectors>(a, ars, ads, b, brs, depth, tile);
-    default:
-      return register_tile<6, Vectors>(a, ars, ads, b, brs, depth, tile);
+      for (std::size_t v = 0; v < Vectors; ++v)
+        std::memcpy(tile + i * kTileColumns + v * Lanes, &acc[i][v], sizeof(Vector));
   }
-}
 
-IPUPOD_MATMUL_CLONES
-void block_rows_kernel(const float* a, const float* b, float* const* c, std::size_t bm,
-                       std::size_t k, std::size_t n, bool ta, bool tb, std::size_t r0,
-                       std::size_t rows) {
-  // a(i, p) of this vertex's rows, wherever the operand's layout puts it.
-  const std::size_t a_row_stride = ta ? 1 : k, a_depth_stride = ta ? bm : 1;
-  const float* a_rows = a + r0 * a_row_stride;
-  thread_local std::vector<float> panel;  // b columns re-laid out [depth, kTileColumns]
-  alignas(64) float tile[kTileRows * kTileColumns] = {};
-  for (std::size_t j0 = 0; j0 < n; j0 += kTileColumns) {
-    const std::size_t width = std::min(kTileColumns, n - j0);
-    const std::size_t vectors = width > kLanes ? 2 : 1;
-    const std::size_t lanes = vectors * kLanes;
-    // Rows of b the register tile may read in place: all of a full-width panel, and for the
-    // last, narrower panel every row whose full vectors stay inside b (the extra lanes read
-    // the next row's values, and their sums are dropped). Transposed b is always re-laid out.
-    const std::size_t direct_rows =
-        tb ? 0 : (k * n >= j0 + lanes ? std::min(k, (k * n - j0 - lanes) / n + 1) : 0);
-    for (std::size_t p0 = 0; p0 < k; p0 += kDepthBlock) {
-      const std::size_t depth = std::min(kDepthBlock, k - p0);
-      const std::size_t direct = std::min(depth, direct_rows > p0 ? direct_rows - p0 : 0);
-      // The other rows are copied into a zero-padded panel of the layout the tile reads.
-      const std::size_t packed = depth - direct;
-      if (packed > 0) {
-        panel.assign(packed * kTileColumns, 0.f);
-        const std::size_t first = p0 + direct;
-        if (tb)  // read along b's rows (contiguous in p)
-          for (std::size_t j = 0; j < width; ++j)
-            for (std::size_t q = 0; q < packed; ++q)
-              panel[q * kTileColumns + j] = b[(j0 + j) * k + first + q];
-        else
-          for (std::size_t q = 0; q < packed; ++q)
+  // register_tile for a run-time row and vector count (1..MaxRows, 1..MaxVectors).
+  template <std::size_t Vectors, std::size_t... R>
+  [[gnu::always_inline]] static inline void rows_of(std::size_t rows, const float* a,
+                                                    std::size_t ars, std::size_t ads,
+                                                    const float* b, std::size_t brs,
+                                                    std::size_t depth, float* tile,
+                                                    std::index_sequence<R...>) {
+    (void)((rows == R + 1 &&
+            (register_tile<R + 1, Vectors>(a, ars, ads, b, brs, depth, tile), true)) ||
+           ...);
+  }
+  template <std::size_t... V>
+  [[gnu::always_inline]] static inline void tile_of(std::size_t vectors, std::size_t rows,
+                                                    const float* a, std::size_t ars,
+                                                    std::size_t ads, const float* b,
+                                                    std::size_t brs, std::size_t depth, float* tile,
+                                                    std::index_sequence<V...>) {
+    (void)((vectors == V + 1 && (rows_of<V + 1>(rows, a, ars, ads, b, brs, depth, tile,
+                                                std::make_index_sequence<MaxRows>()),
+                                 true)) ||
+           ...);
+  }
+
+  [[gnu::always_inline]] static inline void block_rows(const float* a, const float* b,
+                                                       float* const* c, std::size_t bm,
+                                                       std::size_t k, std::size_t n, bool ta,
+                                                       bool tb, std::size_t r0, std::size_t rows) {
+    // a(i, p) of this vertex's rows, wherever the operand's layout puts it.
+    const std::size_t a_row_stride = ta ? 1 : k, a_depth_stride = ta ? bm : 1;
+    const float* a_rows = a + r0 * a_row_stride;
+    thread_local std::vector<float> panel;  // b columns re-laid out [depth, kTileColumns]
+    alignas(64) float tile[MaxRows * kTileColumns] = {};
+    // Rows in register tiles of equal height (19 rows as 5+5+5+4, not 6+6+6+1): a tile of few
+    // rows loads b as often as a full one for less work.
+    const std::size_t row_tiles = (rows + MaxRows - 1) / MaxRows;
+    const std::size_t rows_per_tile = row_tiles == 0 ? 0 : (rows + row_tiles - 1) / row_tiles;
+    for (std::size_t j0 = 0; j0 < n; j0 += kTileColumns) {
+      const std::size_t width = std::min(kTileColumns, n - j0);
+      const std::size_t vectors = (width + Lanes - 1) / Lanes;
+      const std::size_t lanes = vectors * Lanes;
+      // Rows of b the register tile may read in place: all of a full-width panel, and for the
+      // last, narrower panel every row whose full vectors stay inside b (the extra lanes read
+      // the next row's values, and their sums are dropped). Transposed b is always re-laid out.
+      const std::size_t direct_rows =
+          tb ? 0 : (k * n >= j0 + lanes ? std::min(k, (k * n - j0 - lanes) / n + 1) : 0);
+      for (std::size_t p0 = 0; p0 < k; p0 += kDepthBlock) {
+        const std::size_t depth = std::min(kDepthBlock, k - p0);
+        const std::size_t direct = std::min(depth, direct_rows > p0 ? direct_rows - p0 : 0);
+        // The other rows are copied into a zero-padded panel of the layout the tile reads.
+        const std::size_t packed = depth - direct;
+        if (packed > 0) {
+          panel.assign(packed * kTileColumns, 0.f);
+          const std::size_t first = p0 + direct;
+          if (tb)  // read along b's rows (contiguous in p)
             for (std::size_t j = 0; j < width; ++j)
-              panel[q * kTileColumns + j] = b[(first + q) * n + j0 + j];
-      }
-      // Rows in register tiles of equal height (19 rows as 5+5+5+4, not 6+6+6+1): a tile of
-      // few rows loads b as often as a full one for less work.
-      const std::size_t row_tiles = (rows + kTileRows - 1) / kTileRows;
-      const std::size_t rows_per_tile = (rows + row_tiles - 1) / row_tiles;
-      for (std::size_t i0 = 0; i0 < rows; i0 += rows_per_tile) {
-        const std::size_t tile_rows = std::min(rows_per_tile, rows - i0);
-        // The running sums pass through `tile` between depth blocks and between the in-place
-        // and packed rows: stored and reloaded as float32, so no result changes.
-        for (std::size_t i = 0; i < tile_rows; ++i) {
-          if (p0 == 0)
-            std::fill_n(tile + i * kTileColumns, kTileColumns, 0.f);
+              for (std::size_t q = 0; q < packed; ++q)
+                panel[q * kTileColumns + j] = b[(j0 + j) * k + first + q];
           else
-            std::memcpy(tile + i * kTileColumns, c[i0 + i] + j0, width * sizeof(float));
+            for (std::size_t q = 0; q < packed; ++q)
+              for (std::size_t j = 0; j < width; ++j)
+                panel[q * kTileColumns + j] = b[(first + q) * n + j0 + j];
         }
-        const float* ap = a_rows + i0 * a_row_stride + p0 * a_depth_stride;
-        // In-place rows, then packed rows (no lambda: it would not inherit this clone's ISA).
-        for (int part = 0; part < 2; ++part) {
-          const std::size_t steps = part == 0 ? direct : packed;
-          if (steps == 0) continue;
-          const float* bp = part == 0 ? b + p0 * n + j0 : panel.data();
-          const std::size_t b_row_stride = part == 0 ? n : kTileColumns;
-          const float* ap_part = part == 0 ? ap : ap + direct * a_depth_stride;
-          if (vectors == 2)
-            register_tile_rows<2>(tile_rows, ap_part, a_row_stride, a_depth_stride, bp,
-                                  b_row_stride, steps, tile);
-          else
-            register_tile_rows<1>(tile_rows, ap_part, a_row_stride, a_depth_stride, bp,
-                                  b_row_stride, steps, tile);
+        for (std::size_t i0 = 0; i0 < rows; i0 += rows_per_tile) {
+          const std::size_t tile_rows = std::min(rows_per_tile, rows - i0);
+          // The running sums pass through `tile` between depth blocks and between the in-place
+          // and packed rows: stored and reloaded as float32, so no result changes.
+          for (std::size_t i = 0; i < tile_rows; ++i) {
+            if (p0 == 0)
+              std::fill_n(tile + i * kTileColumns, kTileColumns, 0.f);
+            else
+              std::memcpy(tile + i * kTileColumns, c[i0 + i] + j0, width * sizeof(float));
+          }
+          const float* ap = a_rows + i0 * a_row_stride + p0 * a_depth_stride;
+          // In-place rows, then packed rows.
+          for (int part = 0; part < 2; ++part) {
+            const std::size_t steps = part == 0 ? direct : packed;
+            if (steps == 0) continue;
+            tile_of(vectors, tile_rows, part == 0 ? ap : ap + direct * a_depth_stride, a_row_stride,
+                    a_depth_stride, part == 0 ? b + p0 * n + j0 : panel.data(),
+                    part == 0 ? n : kTileColumns, steps, tile,
+                    std::make_index_sequence<MaxVectors>());
+          }
+          for (std::size_t i = 0; i < tile_rows; ++i)
+            std::memcpy(c[i0 + i] + j0, tile + i * kTileColumns, width * sizeof(float));
         }
-        for (std::size_t i = 0; i < tile_rows; ++i)
-          std::memcpy(c[i0 + i] + j0, tile + i * kTileColumns, width * sizeof(float));
       }
     }
   }
+};
+
+// One function per instruction set, each with the register tile its registers hold (the
+// accumulators, the vectors of b and a broadcast element of a); the same sums in the same order.
+using KernelFunction = void (*)(const float*, const float*, float* const*, std::size_t, std::size_t,
+                                std::size_t, bool, bool, std::size_t, std::size_t);
+
+#if defined(IPUPOD_MATMUL_VARIANTS)
+// AVX-512: 32 registers of 16 floats; 6 rows x 4 vectors (64 columns) = 24 accumulators.
+[[gnu::target("arch=x86-64-v4")]] void block_rows_avx512(const float* a, const float* b,
+                                                         float* const* c, std::size_t bm,
+                                                         std::size_t k, std::size_t n, bool ta,
+                                                         bool tb, std::size_t r0,
+                                                         std::size_t rows) {
+  Kernel<16, 6, 4>::block_rows(a, b, c, bm, k, n, ta, tb, r0, rows);
+}
+
+// AVX2: 16 registers of 8 floats; 4 rows x 3 vectors (24 columns) = 12 accumulators.
+[[gnu::target("arch=x86-64-v3")]] void block_rows_avx2(const float* a, const float* b,
+                                                       float* const* c, std::size_t bm,
+                                                       std::size_t k, std::size_t n, bool ta,
+                                                       bool tb, std::size_t r0, std::size_t rows) {
+  Kernel<8, 4, 3>::block_rows(a, b, c, bm, k, n, ta, tb, r0, rows);
+}
+#endif
+
+// Any host: 4-float vectors (SSE2 on x86-64), 6 rows x 2 vectors.
+void block_rows_baseline(const float* a, const float* b, float* const* c, std::size_t bm,
+                         std::size_t k, std::size_t n, bool ta, bool tb, std::size_t r0,
+                         std::size_t rows) {
+  Kernel<4, 6, 2>::block_rows(a, b, c, bm, k, n, ta, tb, r0, rows);
+}
+
+struct KernelVariant {
+  const char* isa;
+  KernelFunction function;
+};
+
+// The variants this host can run, best first.
+const std::vector<KernelVariant>& kernel_variants() {
+  static const std::vector<KernelVariant> variants = [] {
+    std::vector<KernelVariant> v;
+#if defined(IPUPOD_MATMUL_VARIANTS)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("x86-64-v4")) v.push_back({"avx512", block_rows_avx512});
+    if (__builtin_cpu_supports("x86-64-v3")) v.push_back({"avx2", block_rows_avx2});
+#endif
+    v.push_back({"baseline", block_rows_baseline});
+    return v;
+  }();
+  return variants;
 }
 
 }  // namespace
+
+std::vector<std::string> matmul_kernel_isas() {
+  std::vector<std::string> out;
+  for (const auto& v : kernel_variants()) out.push_back(v.isa);
+  return out;
+}
+
+void matmul_block_rows(const float* a, const float* b, float* const* c, std::size_t bm,
+                       std::size_t k, std::size_t n, bool transpose_a, bool transpose_b,
+                       std::size_t r0, std::size_t rows, std::string_view isa) {
+  const auto& variants = kernel_variants();
+  auto it = std::find_if(variants.begin(), variants.end(),
+                         [&](const KernelVariant& v) { return v.isa == isa; });
+  if (it == variants.end())
+    throw std::invalid_argument("matmul kernel for '" + std::string(isa) +
+                                "' is not built or not supported by this host");
+  if (k == 0) {
+    for (std::size_t i = 0; i < rows; ++i) std::fill_n(c[i], n, 0.f);
+    return;
+  }
+  it->function(a, b, c, bm, k, n, transpose_a, transpose_b, r0, rows);
+}
 
 void matmul_block_rows(const float* a, const float* b, float* const* c, std::size_t bm,
                        std::size_t k, std::size_t n, bool transpose_a, bool transpose_b,
@@ -173,7 +241,8 @@ void matmul_block_rows(const float* a, const float* b, float* const* c, std::siz
     for (std::size_t i = 0; i < rows; ++i) std::fill_n(c[i], n, 0.f);
     return;
   }
-  block_rows_kernel(a, b, c, bm, k, n, transpose_a, transpose_b, r0, rows);
+  static const KernelFunction best = kernel_variants().front().function;
+  best(a, b, c, bm, k, n, transpose_a, transpose_b, r0, rows);
 }
 
 }  // namespace ops

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "ipu_process/graph.hpp"
 #include "ipu_process/program.hpp"
@@ -42,5 +44,12 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
 void matmul_block_rows(const float* a, const float* b, float* const* c, std::size_t bm,
                        std::size_t k, std::size_t n, bool transpose_a, bool transpose_b,
                        std::size_t r0, std::size_t rows);
+
+// The host instruction sets the kernel is built for that this host runs, best first (the one
+// matmul_block_rows uses), and the kernel of a given one, so that tests can check each.
+std::vector<std::string> matmul_kernel_isas();
+void matmul_block_rows(const float* a, const float* b, float* const* c, std::size_t bm,
+                       std::size_t k, std::size_t n, bool transpose_a, bool transpose_b,
+                       std::size_t r0, std::size_t rows, std::string_view isa);
 
 }  // namespace ipupod::ipu::ops

@@ -30,28 +30,56 @@ struct KernelCase {
 };
 
 TEST(MatMulKernel, MatchesAPlainLoopOnEveryRemainderAndLayout) {
-  // Rows and columns that do not fill a register tile, depths across the depth blocks.
-  const KernelCase cases[] = {{1, 1, 1, 0, 1},    {7, 3, 5, 2, 5},    {13, 300, 33, 0, 13},
-                              {6, 257, 16, 0, 6}, {9, 513, 47, 4, 5}, {31, 64, 64, 1, 29},
-                              {5, 17, 100, 0, 5}, {12, 256, 32, 6, 6}};
-  for (const auto& [bm, k, n, r0, rows] : cases)
-    for (bool ta : {false, true})
-      for (bool tb : {false, true}) {
-        const auto a = small_integers(bm * k, 1), b = small_integers(k * n, 2);
-        std::vector<float> c(rows * n, -7.f);  // garbage the kernel must overwrite
-        std::vector<float*> out(rows);
-        for (std::size_t i = 0; i < rows; ++i) out[i] = c.data() + i * n;
-        ops::matmul_block_rows(a.data(), b.data(), out.data(), bm, k, n, ta, tb, r0, rows);
-        for (std::size_t i = 0; i < rows; ++i)
-          for (std::size_t j = 0; j < n; ++j) {
-            float ref = 0;
-            for (std::size_t p = 0; p < k; ++p)
-              ref += (ta ? a[p * bm + r0 + i] : a[(r0 + i) * k + p]) *
-                     (tb ? b[j * k + p] : b[p * n + j]);
-            ASSERT_EQ(c[i * n + j], ref) << "bm=" << bm << " k=" << k << " n=" << n << " ta=" << ta
-                                         << " tb=" << tb << " at " << i << "," << j;
-          }
-      }
+  // Rows and columns that do not fill a register tile (of any of the host's kernels), depths
+  // across the depth blocks.
+  const KernelCase cases[] = {{1, 1, 1, 0, 1},      {7, 3, 5, 2, 5},     {13, 300, 33, 0, 13},
+                              {6, 257, 16, 0, 6},   {9, 513, 47, 4, 5},  {31, 64, 64, 1, 29},
+                              {5, 17, 100, 0, 5},   {12, 256, 32, 6, 6}, {114, 114, 57, 19, 19},
+                              {25, 40, 130, 0, 25}, {8, 9, 65, 0, 7}};
+  const auto isas = ops::matmul_kernel_isas();
+  ASSERT_FALSE(isas.empty());
+  for (const std::string& isa : isas)
+    for (const auto& [bm, k, n, r0, rows] : cases)
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          const auto a = small_integers(bm * k, 1), b = small_integers(k * n, 2);
+          std::vector<float> c(rows * n, -7.f);  // garbage the kernel must overwrite
+          std::vector<float*> out(rows);
+          for (std::size_t i = 0; i < rows; ++i) out[i] = c.data() + i * n;
+          ops::matmul_block_rows(a.data(), b.data(), out.data(), bm, k, n, ta, tb, r0, rows, isa);
+          for (std::size_t i = 0; i < rows; ++i)
+            for (std::size_t j = 0; j < n; ++j) {
+              float ref = 0;
+              for (std::size_t p = 0; p < k; ++p)
+                ref += (ta ? a[p * bm + r0 + i] : a[(r0 + i) * k + p]) *
+                       (tb ? b[j * k + p] : b[p * n + j]);
+              ASSERT_EQ(c[i * n + j], ref)
+                  << isa << " bm=" << bm << " k=" << k << " n=" << n << " ta=" << ta << " tb=" << tb
+                  << " at " << i << "," << j;
+            }
+        }
+}
+
+TEST(MatMulKernel, EveryHostKernelGivesTheSameBitsOnRealValues) {
+  // Rounded sums: the kernels must add the same terms in the same order. (The portable kernel
+  // rounds after each multiply where the others fuse, so it is compared only with itself.)
+  const std::size_t bm = 19, k = 300, n = 70;
+  std::mt19937 gen(3);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  std::vector<float> a(bm * k), b(k * n);
+  for (auto& x : a) x = d(gen);
+  for (auto& x : b) x = d(gen);
+  const auto run = [&](const std::string& isa) {
+    std::vector<float> c(bm * n);
+    std::vector<float*> out(bm);
+    for (std::size_t i = 0; i < bm; ++i) out[i] = c.data() + i * n;
+    ops::matmul_block_rows(a.data(), b.data(), out.data(), bm, k, n, false, false, 0, bm, isa);
+    return c;
+  };
+  const auto isas = ops::matmul_kernel_isas();
+  std::vector<std::string> fused(isas.begin(), isas.end() - 1);  // all but the portable one
+  for (const auto& isa : fused) EXPECT_EQ(run(isa), run(fused.front())) << isa;
+  EXPECT_THROW(run("no-such-isa"), std::invalid_argument);
 }
 
 TEST(MatMulPlan, SplitsTheInnerDimensionWhenTheOutputIsTooSmallForTheTiles) {
