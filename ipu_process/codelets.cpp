@@ -1,6 +1,7 @@
 // Codelet registry and the cost helpers the estimators share.
 #include "ipu_process/codelets.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -28,6 +29,10 @@ const CodeletRegistry& CodeletRegistry::builtin() {
 
 void CodeletRegistry::add(Codelet codelet) {
   const std::string name = codelet.name;
+  for (const auto& output : codelet.outputs)
+    if (std::find(codelet.fields.begin(), codelet.fields.end(), output) == codelet.fields.end())
+      throw std::logic_error("codelet '" + name + "' lists output '" + output +
+                             "', which is not one of its fields");
   if (!codelets_.emplace(name, std::move(codelet)).second)
     throw std::logic_error("codelet '" + name + "' registered twice");
 }

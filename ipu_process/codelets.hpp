@@ -48,6 +48,10 @@ struct Codelet {
   // Cycles the vertex keeps its worker busy, in tile clock cycles (a worker issues one
   // instruction every workers_per_tile cycles).
   std::function<std::uint64_t(const Vertex&, const ArchPreset&)> cycles;
+  // Fields whose every region the vertex overwrites whole without reading it first. Liveness
+  // uses them: a value written whole at the top of a loop body does not carry from the
+  // previous iteration, so its bytes can be shared. Unlisted fields count as read.
+  std::vector<std::string> outputs = {};
 };
 
 class CodeletRegistry {

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <numeric>
 #include <optional>
+#include <queue>
 #include <set>
 #include <sstream>
 
@@ -176,32 +177,90 @@ struct LiveRange {
   }
 };
 
-// Walks the program trees, numbering every step that touches tile memory, and extends the
-// range of anything touched inside a loop to the whole loop (values may cross iterations).
+// Walks the program trees, numbering every step that touches tile memory. A loop body runs
+// again after its last step, so a variable whose value may carry from one iteration to the
+// next (its first touch in the body can read it) stays live over the whole loop; one the body
+// overwrites whole before any read (a copy's destination, a stream or receive buffer, a
+// codelet's output field) needs its bytes only from that write to its last use.
 class LivenessWalk {
  public:
   LivenessWalk(const Graph& graph, std::vector<LiveRange>& ranges)
-      : graph_(graph), ranges_(ranges) {}
+      : graph_(graph),
+        ranges_(ranges),
+        last_touch_(ranges.size(), kNever),
+        step_slot_(ranges.size(), kNone) {}
 
   void walk_program(const Program& p, int program) {
     program_ = program;
     walk(p);
-    for (const auto& [b, e] : loops_)
-      for (auto& r : ranges_)
-        if (!r.whole_run && r.program >= 0 && r.first <= e && b <= r.last) {
-          r.first = std::min(r.first, b);
-          r.last = std::max(r.last, e);
-        }
-    loops_.clear();
   }
 
  private:
-  void touch(const Tensor& t) {
-    LiveRange& r = ranges_.at(t.variable());
-    if (r.program >= 0 && r.program != program_) r.whole_run = true;
-    r.program = program_;
-    r.first = std::min(r.first, position_);
-    r.last = std::max(r.last, position_);
+  static constexpr std::size_t kNever = SIZE_MAX;
+  static constexpr std::uint32_t kNone = UINT32_MAX;
+  struct Loop {
+    std::size_t begin;
+    std::vector<VariableId> carried;  // first touched in the body by a step that may read
+  };
+  // What one step does to one variable: reads it (or may), and which elements it overwrites.
+  struct StepAccess {
+    VariableId var = 0;
+    bool read = false;
+    std::vector<std::pair<std::size_t, std::size_t>> written;
+  };
+
+  void access(const Tensor& t, bool write_only) {
+    const VariableId id = t.variable();
+    std::uint32_t& slot = step_slot_[id];
+    if (slot == kNone) {
+      slot = static_cast<std::uint32_t>(step_used_);
+      if (step_used_ == step_.size()) step_.emplace_back();
+      StepAccess& a = step_[step_used_++];
+      a.var = id;
+      a.read = false;
+      a.written.clear();
+    }
+    StepAccess& a = step_[slot];
+    if (write_only)
+      a.written.emplace_back(t.offset(), t.offset() + t.elements());
+    else
+      a.read = true;
+  }
+  bool writes_whole(StepAccess& a) const {
+    if (a.read || a.written.empty()) return false;
+    std::sort(a.written.begin(), a.written.end());
+    std::size_t covered = 0;
+    for (const auto& [b, e] : a.written) {
+      if (b > covered) return false;
+      covered = std::max(covered, e);
+    }
+    return covered >= graph_.variable(a.var).elements;
+  }
+  // Closes the step at position_: live ranges grow to it, and each open loop in whose body this
+  // is the variable's first touch learns whether the value may come from an earlier iteration.
+  void end_step() {
+    for (std::size_t i = 0; i < step_used_; ++i) {
+      StepAccess& a = step_[i];
+      step_slot_[a.var] = kNone;
+      const std::size_t last = last_touch_[a.var];
+      bool whole = false, checked = false;
+      for (Loop& loop : loops_) {
+        if (last != kNever && last >= loop.begin) continue;  // touched earlier in this body
+        if (!checked) whole = writes_whole(a), checked = true;
+        if (!whole) loop.carried.push_back(a.var);
+      }
+      last_touch_[a.var] = position_;
+      LiveRange& r = ranges_.at(a.var);
+      if (r.program >= 0 && r.program != program_) r.whole_run = true;
+      r.program = program_;
+      r.first = std::min(r.first, position_);
+      r.last = std::max(r.last, position_);
+    }
+    step_used_ = 0;
+    ++position_;
+  }
+  void reads(const std::vector<Tensor>& tensors) {
+    for (const auto& t : tensors) access(t, false);
   }
   void walk(const Program& p) {
     switch (p.kind()) {
@@ -210,41 +269,65 @@ class LivenessWalk {
         return;
       case Program::Kind::repeat:
       case Program::Kind::repeat_while_true: {
-        const std::size_t begin = position_;
-        for (const auto& t : p.tensors()) touch(t);
+        loops_.push_back({position_, {}});
+        reads(p.tensors());
+        end_step();
         for (const auto& c : p.children()) walk(c);
-        loops_.emplace_back(begin, position_);
-        ++position_;
-        return;
+        Loop loop = std::move(loops_.back());
+        loops_.pop_back();
+        const std::size_t end = position_;  // the step that jumps back to the top
+        for (VariableId id : loop.carried) {
+          LiveRange& r = ranges_.at(id);
+          r.first = std::min(r.first, loop.begin);
+          r.last = std::max(r.last, end);
+        }
+        break;
       }
       case Program::Kind::if_else:
-        touch(p.tensors()[0]);
+        reads({p.tensors()[0]});
+        end_step();
         for (const auto& c : p.children()) walk(c);
+        return;
+      case Program::Kind::execute: {
+        const auto& registry = CodeletRegistry::builtin();
+        const Codelet* codelet = nullptr;
+        for (const auto& v : graph_.compute_sets().at(p.compute_set()).vertices) {
+          if (!codelet || codelet->name != v.codelet) codelet = &registry.get(v.codelet);
+          for (std::size_t f = 0; f < v.fields.size(); ++f) {
+            const bool output = f < codelet->fields.size() &&
+                                std::find(codelet->outputs.begin(), codelet->outputs.end(),
+                                          codelet->fields[f]) != codelet->outputs.end();
+            for (const auto& t : v.fields[f]) access(t, output);
+          }
+        }
         break;
-      case Program::Kind::execute:
-        for (const auto& v : graph_.compute_sets().at(p.compute_set()).vertices)
-          for (const auto& f : v.fields)
-            for (const auto& t : f) touch(t);
-        break;
+      }
       case Program::Kind::copy:
-        for (const auto& [src, dst] : p.pairs()) touch(src), touch(dst);
+        for (const auto& [src, dst] : p.pairs()) access(src, false);
+        for (const auto& [src, dst] : p.pairs()) access(dst, true);
         break;
       case Program::Kind::sync:
         break;
       case Program::Kind::stream_to_device:
+      case Program::Kind::receive:
+        for (const auto& t : p.tensors()) access(t, true);
+        break;
       case Program::Kind::stream_from_device:
       case Program::Kind::all_reduce:
       case Program::Kind::send:
-      case Program::Kind::receive:
-        for (const auto& t : p.tensors()) touch(t);
+        reads(p.tensors());
         break;
     }
-    ++position_;
+    end_step();
   }
 
   const Graph& graph_;
   std::vector<LiveRange>& ranges_;
-  std::vector<std::pair<std::size_t, std::size_t>> loops_;
+  std::vector<std::size_t> last_touch_;   // per variable: position of its latest step
+  std::vector<std::uint32_t> step_slot_;  // per variable: its entry in step_, or kNone
+  std::vector<StepAccess> step_;          // the accesses of the step being walked
+  std::size_t step_used_ = 0;
+  std::vector<Loop> loops_;  // open loops, outermost first
   std::size_t position_ = 0;
   int program_ = -1;
 };
@@ -254,20 +337,42 @@ struct Placement {
   const LiveRange* range;
 };
 
-// Lowest offset at or above `floor` where `bytes` fit beside everything live at the same time.
-std::size_t first_fit(std::vector<Placement>& placed, const LiveRange& range, std::size_t bytes,
-                      std::size_t floor) {
-  std::vector<std::pair<std::size_t, std::size_t>> busy;
-  for (const auto& p : placed)
-    if (p.range->overlaps(range)) busy.emplace_back(p.offset, p.offset + p.bytes);
-  std::sort(busy.begin(), busy.end());
-  std::size_t offset = align_up(floor);
-  for (const auto& [b, e] : busy) {
-    if (offset + bytes <= b) break;
-    offset = std::max(offset, align_up(e));
+// The free bytes of one tile above its always-live data, as blocks offset -> size; blocks that
+// touch are merged, and the last block runs to the top of the address space.
+class FreeBlocks {
+ public:
+  explicit FreeBlocks(std::size_t floor) { blocks_[floor] = kTop - floor; }
+  // The lowest offset with `bytes` free, taken out of its block.
+  std::size_t take(std::size_t bytes) {
+    for (auto it = blocks_.begin(); it != blocks_.end(); ++it) {
+      if (it->second < bytes) continue;
+      const auto [offset, size] = *it;
+      blocks_.erase(it);
+      if (size > bytes) blocks_.emplace(offset + bytes, size - bytes);
+      return offset;
+    }
+    throw std::logic_error("tile address space exhausted");
   }
-  return offset;
-}
+  void give_back(std::size_t offset, std::size_t bytes) {
+    auto next = blocks_.lower_bound(offset);
+    if (next != blocks_.end() && offset + bytes == next->first) {
+      bytes += next->second;
+      next = blocks_.erase(next);
+    }
+    if (next != blocks_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == offset) {
+        prev->second += bytes;
+        return;
+      }
+    }
+    blocks_.emplace(offset, bytes);
+  }
+
+ private:
+  static constexpr std::size_t kTop = std::size_t{1} << 60;
+  std::map<std::size_t, std::size_t> blocks_;
+};
 
 }  // namespace
 
@@ -307,8 +412,9 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
     interval_offsets_.emplace_back(v.mapping.size(), 0);
   }
 
-  // Per tile: always-live data at the bottom, then everything else first-fit by size, sharing
-  // bytes between variables that are never live at the same time.
+  // Per tile: always-live data at the bottom, then the rest in the order it comes to life, each
+  // at the lowest free offset, its bytes free again after its last step (a linear scan over
+  // the step positions): variables never live at the same time share bytes.
   std::vector<std::size_t> used(arch.tiles, 0);
   for (unsigned t = 0; t < arch.tiles; ++t) {
     TileMemory& tm = memory_.tiles[t];
@@ -328,14 +434,36 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
     std::vector<const Item*> rest;
     for (const Item& it : items)
       if (!always_live(vars[it.var].category)) rest.push_back(&it);
-    std::stable_sort(rest.begin(), rest.end(),
-                     [](auto* a, auto* b) { return a->bytes > b->bytes; });
+    // Live for the whole run first, then by first step, the larger first among equals.
+    const auto born = [&](const Item* it) {
+      const LiveRange& r = ranges[it->var];
+      return r.whole_run ? std::size_t{0} : r.first + 1;
+    };
+    std::stable_sort(rest.begin(), rest.end(), [&](const Item* a, const Item* b) {
+      const std::size_t ba = born(a), bb = born(b);
+      return ba != bb ? ba < bb : a->bytes > b->bytes;
+    });
+    FreeBlocks free(floor);
+    struct Live {
+      std::size_t last, offset, bytes;
+      bool operator>(const Live& o) const { return last > o.last; }
+    };
+    std::priority_queue<Live, std::vector<Live>, std::greater<>> alive;
     std::vector<Placement> placed;
+    placed.reserve(rest.size());
     std::size_t high = floor;
     for (const Item* it : rest) {
-      const std::size_t offset = first_fit(placed, ranges[it->var], it->bytes, floor);
+      const LiveRange& range = ranges[it->var];
+      if (!range.whole_run)
+        while (!alive.empty() && alive.top().last < range.first) {
+          free.give_back(alive.top().offset, alive.top().bytes);
+          alive.pop();
+        }
+      const std::size_t bytes = align_up(it->bytes);
+      const std::size_t offset = free.take(bytes);
+      if (!range.whole_run) alive.push({range.last, offset, bytes});
       interval_offsets_[it->var][it->interval] = offset;
-      placed.push_back({offset, it->bytes, &ranges[it->var]});
+      placed.push_back({offset, it->bytes, &range});
       high = std::max(high, offset + it->bytes);
     }
     tm.not_always_live = rest.empty() ? 0 : high - top;
@@ -481,6 +609,11 @@ Engine::Node Engine::compile(const Program& p) {
     case Program::Kind::execute: {
       const ComputeSet& cs = graph_.compute_sets().at(p.compute_set());
       node.name = cs.name;
+      if (auto it = compiled_compute_sets_.find(p.compute_set());
+          it != compiled_compute_sets_.end()) {
+        node.index = it->second;
+        break;
+      }
       auto ccs = std::make_unique<CompiledComputeSet>();
       const auto& registry = CodeletRegistry::builtin();
       std::map<unsigned, std::vector<std::uint64_t>> worker_loads;
@@ -540,11 +673,16 @@ Engine::Node Engine::compile(const Program& p) {
         ccs->tile_begin = group_by(tiles, arch.tiles, ccs->by_tile);
       }
       node.index = compute_sets_.size();
+      compiled_compute_sets_.emplace(p.compute_set(), node.index);
       compute_sets_.push_back(std::move(ccs));
       break;
     }
     case Program::Kind::copy: {
       node.name = "exchange";
+      if (auto it = compiled_exchanges_.find(p.identity()); it != compiled_exchanges_.end()) {
+        node.index = it->second;
+        break;
+      }
       auto ex = std::make_unique<CompiledExchange>();
       std::map<unsigned, std::size_t> bytes_out, bytes_in;
       std::vector<unsigned> dst_tiles;
@@ -586,6 +724,7 @@ Engine::Node Engine::compile(const Program& p) {
         ex->transfers = std::move(grouped);
       }
       node.index = exchanges_.size();
+      compiled_exchanges_.emplace(p.identity(), node.index);
       exchanges_.push_back(std::move(ex));
       break;
     }

@@ -163,6 +163,10 @@ class Engine {
   std::vector<std::vector<std::size_t>> interval_offsets_;  // per variable, per mapping interval
   std::vector<std::unique_ptr<CompiledComputeSet>> compute_sets_;
   std::vector<std::unique_ptr<CompiledExchange>> exchanges_;
+  // A compute set or a copy program that runs in several places (a micro-batch's passes in
+  // every pipeline slot) is compiled once: compute set id or copy node -> its index above.
+  std::map<ComputeSetId, std::size_t> compiled_compute_sets_;
+  std::map<const void*, std::size_t> compiled_exchanges_;
   std::map<std::string, std::unique_ptr<Node>> programs_;
   std::map<std::string, std::function<void(std::span<std::byte>)>> inputs_;
   std::map<std::string, std::function<void(std::span<const std::byte>)>> outputs_;

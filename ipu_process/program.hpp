@@ -57,6 +57,8 @@ class Program {
 
   void add(Program p);  // append to a sequence
   Kind kind() const { return node_->kind; }
+  // The same for every copy of this program (they share one node): compile each node once.
+  const void* identity() const { return node_.get(); }
   const std::vector<Program>& children() const { return node_->children; }
   ComputeSetId compute_set() const { return node_->cs; }
   const std::vector<std::pair<Tensor, Tensor>>& pairs() const { return node_->pairs; }

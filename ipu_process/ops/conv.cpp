@@ -439,7 +439,8 @@ void register_conv_codelets(CodeletRegistry& r) {
          [k](const Vertex& v, const ArchPreset& a) {
            const double taps = v.params[k + 3] * v.params[4] * v.params[5];
            return mac_cycles(a, static_cast<double>(region_elements(v, 2)), taps);
-         }});
+         },
+         {"out"}});
   r.add({"ConvGradInput",
          "rows of input-gradient planes of a 2-D convolution: each tap's sum over the group's "
          "output channels, added where the tap lands; params: geometry, local dy channels, "
@@ -452,7 +453,8 @@ void register_conv_codelets(CodeletRegistry& r) {
            const double taps =
                v.params[k + 3] * v.params[4] * v.params[5] / (v.params[6] * v.params[7]);
            return mac_cycles(a, static_cast<double>(region_elements(v, 2)), taps);
-         }});
+         },
+         {"dx"}});
   r.add({"ConvGradWeight",
          "weight gradients of a 2-D convolution summed over the tile's batch and output rows; "
          "params: geometry, batch, local x channels, rows, first row, local dy channels, "
@@ -462,7 +464,8 @@ void register_conv_codelets(CodeletRegistry& r) {
          [k](const Vertex& v, const ArchPreset& a) {
            const double per_weight = v.params[k] * v.params[k + 5] * v.params[3];
            return mac_cycles(a, static_cast<double>(region_elements(v, 2)), per_weight);
-         }});
+         },
+         {"dw"}});
   r.add({"ConvPartialsSum",
          "out = the sum of the partial regions, in order (the reduction over tiles of weight "
          "gradients)",
@@ -477,7 +480,8 @@ void register_conv_codelets(CodeletRegistry& r) {
          },
          [](const Vertex& v, const ArchPreset& a) {
            return vector_cycles(a, region_elements(v, 0), 1);
-         }});
+         },
+         {"out"}});
 }
 
 namespace ops {

@@ -25,7 +25,8 @@ void register_elementwise_codelets(CodeletRegistry& r) {
            auto out = c.region<float>(1);
            for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i] > 0.f ? in[i] : 0.f;
          },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_vector_cycles(v, a, 1); }});
+         [](const Vertex& v, const ArchPreset& a) { return first_field_vector_cycles(v, a, 1); },
+         {"out"}});
   r.add({"ReluGrad",
          "dx = y > 0 ? dy : 0",
          {"dy", "y", "dx"},
@@ -35,7 +36,8 @@ void register_elementwise_codelets(CodeletRegistry& r) {
            auto dx = c.region<float>(2);
            for (std::size_t i = 0; i < dy.size(); ++i) dx[i] = y[i] > 0.f ? dy[i] : 0.f;
          },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_vector_cycles(v, a, 2); }});
+         [](const Vertex& v, const ArchPreset& a) { return first_field_vector_cycles(v, a, 2); },
+         {"dx"}});
   r.add({"Add",
          "out = a + b",
          {"a", "b", "out"},
@@ -45,7 +47,8 @@ void register_elementwise_codelets(CodeletRegistry& r) {
            auto out = c.region<float>(2);
            for (std::size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
          },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_vector_cycles(v, a, 1); }});
+         [](const Vertex& v, const ArchPreset& a) { return first_field_vector_cycles(v, a, 1); },
+         {"out"}});
   r.add({"AddBias",
          "out = x + bias[column]; params: row width n, column of x's first element",
          {"x", "bias", "out"},
@@ -60,7 +63,8 @@ void register_elementwise_codelets(CodeletRegistry& r) {
              if (++col == n) col = 0;
            }
          },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_vector_cycles(v, a, 1); }});
+         [](const Vertex& v, const ArchPreset& a) { return first_field_vector_cycles(v, a, 1); },
+         {"out"}});
   r.add({"ScaledAddInPlace",
          "acc += factor * g; param: factor",
          {"acc", "g"},
@@ -78,7 +82,8 @@ void register_elementwise_codelets(CodeletRegistry& r) {
            auto out = c.region<float>(0);
            std::fill(out.begin(), out.end(), 0.f);
          },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_vector_cycles(v, a, 1); }});
+         [](const Vertex& v, const ArchPreset& a) { return first_field_vector_cycles(v, a, 1); },
+         {"out"}});
 }
 
 namespace ops {

@@ -29,7 +29,8 @@ void register_norm_codelets(CodeletRegistry& r) {
              for (std::size_t i = i0; i < i1; ++i) part[w] += x[i];
            });
          },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 1); }});
+         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 1); },
+         {"partial"}});
   r.add({"NormPartialSquaredDeviation",
          "partial[w] = sum of (x - mean[w])^2 over the piece's elements in set w",
          {"x", "mean", "partial"},
@@ -45,7 +46,8 @@ void register_norm_codelets(CodeletRegistry& r) {
              }
            });
          },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 2); }});
+         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 2); },
+         {"partial"}});
   r.add({"NormApply",
          "out = (x - mean[w]) * inv_std[w]",
          {"x", "mean", "inv_std", "out"},
@@ -58,7 +60,8 @@ void register_norm_codelets(CodeletRegistry& r) {
              for (std::size_t i = i0; i < i1; ++i) out[i] = (x[i] - mean[w]) * inv[w];
            });
          },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 2); }});
+         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 2); },
+         {"out"}});
   r.add({"NormGradPartial",
          "partial[w] = (sum of dy, sum of dy * (x - mean[w]) * inv_std[w]) over set w",
          {"dy", "x", "mean", "inv_std", "partial"},
@@ -76,7 +79,8 @@ void register_norm_codelets(CodeletRegistry& r) {
              }
            });
          },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 4); }});
+         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 4); },
+         {"partial"}});
   r.add({"NormGradApply",
          "dx = inv_std[w] * (dy - mean_dy[w] - xhat * mean_dy_xhat[w]), xhat = (x - mean[w]) * "
          "inv_std[w]; means interleaved in one window",
@@ -95,7 +99,8 @@ void register_norm_codelets(CodeletRegistry& r) {
              }
            });
          },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 5); }});
+         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 5); },
+         {"dx"}});
   r.add({"BatchNormInferenceApply",
          "out = (x - mean[w]) / sqrt(var[w] + eps); param after the set walk: eps",
          {"x", "mean", "var", "out"},
@@ -110,7 +115,8 @@ void register_norm_codelets(CodeletRegistry& r) {
              for (std::size_t i = i0; i < i1; ++i) out[i] = (x[i] - mean[w]) * inv;
            });
          },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 2); }});
+         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 2); },
+         {"out"}});
   r.add({"MovingAverageInPlace",
          "running = (1 - momentum) * running + momentum * batch; param: momentum",
          {"running", "batch"},

@@ -249,7 +249,8 @@ void register_tensor_codelets(CodeletRegistry& r) {
          [](const Vertex& v, const ArchPreset& a) {
            return out_field_cycles(v, a, 1,
                                    unary_instructions(static_cast<ops::UnaryOp>(v.params[0])));
-         }});
+         },
+         {"out"}});
   r.add({"UnaryGrad",
          "dx = dy * f'(x); params: function, alpha",
          {"dy", "x", "dx"},
@@ -265,7 +266,8 @@ void register_tensor_codelets(CodeletRegistry& r) {
          [](const Vertex& v, const ArchPreset& a) {
            return out_field_cycles(v, a, 2,
                                    1 + unary_instructions(static_cast<ops::UnaryOp>(v.params[0])));
-         }});
+         },
+         {"dx"}});
   r.add({"ReducePartial",
          "partial[out(x) - lo] += x over the piece (partial zeroed first); params: rank, piece "
          "begin, lo, shape, output strides (0 on reduced axes)",
@@ -304,7 +306,8 @@ void register_tensor_codelets(CodeletRegistry& r) {
                coord[d] -= shape[d], ++coord[d - 1];
            }
          },
-         [](const Vertex& v, const ArchPreset& a) { return out_field_cycles(v, a, 0, 1); }});
+         [](const Vertex& v, const ArchPreset& a) { return out_field_cycles(v, a, 0, 1); },
+         {"partial"}});
   r.add({"SumRegions",
          "out = scale * sum of the regions, region k added at out offset k; params: scale, "
          "offsets",
@@ -325,7 +328,8 @@ void register_tensor_codelets(CodeletRegistry& r) {
            std::size_t n = 0;
            for (const auto& t : v.fields[0]) n += t.elements();
            return vector_cycles(a, n + v.fields[1][0].elements(), 1);
-         }});
+         },
+         {"out"}});
   r.add({"RandomMask",
          "out[i] = u(seed, invocation, begin + i) >= p ? 1 / (1 - p) : 0 with a counter-based "
          "generator; params: p, seed high and low 32 bits, piece begin",

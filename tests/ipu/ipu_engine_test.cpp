@@ -264,6 +264,47 @@ TEST(Liveness, ValuesCarriedAroundALoopStayLive) {
   for (std::size_t i = 0; i < 256; ++i) ASSERT_EQ(f[i], 6.0f);
 }
 
+TEST(Liveness, ValuesWrittenWholeInALoopBodyShareBytesAcrossIterations) {
+  // The same two chains inside a loop: each temporary is written whole before it is read in
+  // every iteration, so nothing carries from one iteration to the next and the chains still
+  // share bytes as they do outside a loop.
+  Graph g(tiny());
+  Tensor x = g.add_variable(DType::f32, {4096}, "x", MemoryCategory::weight);
+  g.set_tile_mapping(x, 0);
+  Program body;
+  ops::relu(g, body, ops::relu(g, body, x, "a"), "b");
+  ops::relu(g, body, ops::relu(g, body, x, "c"), "d");
+  Engine e(g, {{"p", Program::repeat(3, body)}});
+  EXPECT_EQ(e.memory().tiles[0].not_always_live, 2 * 4096 * 4u);
+}
+
+TEST(Liveness, AValueReadBeforeItIsRewrittenInALoopKeepsItsBytes) {
+  // h is read at the top of the body and rewritten at its end: its value crosses iterations,
+  // so the temporary u made in between must not take its bytes.
+  Graph g(tiny());
+  Tensor x = g.add_variable(DType::f32, {64}, "x", MemoryCategory::weight);
+  Tensor h = g.add_variable(DType::f32, {64}, "h");
+  Tensor out = g.add_variable(DType::f32, {64}, "out");
+  for (const Tensor& t : {x, h, out}) g.set_tile_mapping(t, 2);
+  g.set_host_access(out);
+  Program body;
+  Tensor twice = ops::add(g, body, h, h, "twice");
+  Tensor u = ops::relu(g, body, x, "u");
+  body.add(Program::copy(twice, h));
+  ops::scaled_add_in_place(g, body, out, u, 0.0f, "use u");
+  Program p =
+      Program::sequence({Program::copy(x, h), Program::repeat(3, body), Program::copy(h, out)});
+  Engine e(g, {{"p", p}});
+  std::vector<float> v(64);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) - 10.f;
+  e.write(x, std::as_bytes(std::span(v)));
+  e.write(out, std::as_bytes(std::span(v)));
+  e.run("p");
+  const auto got = e.read(out);
+  const float* f = reinterpret_cast<const float*>(got.data());
+  for (std::size_t i = 0; i < v.size(); ++i) ASSERT_EQ(f[i], 8.f * v[i]) << i;
+}
+
 TEST(HostAccess, ReadingATensorWithoutHostAccessIsRefused) {
   Graph g(tiny());
   Tensor x = g.add_variable(DType::f32, {8}, "scratch");
