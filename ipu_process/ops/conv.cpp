@@ -708,6 +708,21 @@ ConvPlan plan_grad_weight(const ArchPreset& arch, const Dims& d) {
       });
 }
 
+// Adds the copies of channels [c0, c1), rows [r0, r1) of batch element b of src (NCHW) into
+// dst's local block [channels, rows, width]: one pair when the rows are whole planes (the
+// channels are then contiguous in both), else one per channel.
+void add_plane_copies(std::vector<std::pair<Tensor, Tensor>>& copies, const Tensor& src,
+                      std::size_t b, std::size_t c0, std::size_t c1, std::size_t r0, std::size_t r1,
+                      const Tensor& dst_block) {
+  if (r0 == 0 && r1 == src.dim(2)) {
+    copies.emplace_back(src.row(b).rows(c0, c1).flatten(), dst_block.flatten());
+    return;
+  }
+  for (std::size_t ch = c0; ch < c1; ++ch)
+    copies.emplace_back(src.row(b).row(ch).rows(r0, r1).flatten(),
+                        dst_block.row(ch - c0).flatten());
+}
+
 // Tiles of one op start at a place that depends on its name, so that layers spread their
 // activations over the IPU instead of piling them onto the first tiles.
 unsigned first_tile(const Graph& graph, const std::string& name) {
@@ -820,9 +835,7 @@ Tensor conv2d(Graph& graph, Program& prog, const Tensor& x, const Tensor& w,
         graph.set_tile_mapping(xl, tile);
         graph.set_tile_mapping(wl, tile);
         for (std::size_t b = b0; b < b1; ++b)
-          for (std::size_t ch = c0; ch < c1; ++ch)
-            copies.emplace_back(x.row(b).row(ch).rows(ir0, ir1).flatten(),
-                                xl.row(b - b0).row(ch - c0).flatten());
+          add_plane_copies(copies, x, b, c0, c1, ir0, ir1, xl.row(b - b0));
         copies.emplace_back(w.rows(o0, o1).flatten(), wl.flatten());
         const std::size_t ob = o1 - o0;
         for_each_work_split(
@@ -898,13 +911,17 @@ Tensor grad_input(Graph& graph, Program& prog, const Tensor& dy, const Tensor& w
         graph.set_tile_mapping(dyl, tile);
         graph.set_tile_mapping(wl, tile);
         for (std::size_t b = b0; b < b1; ++b)
-          for (std::size_t q = q0; q < q1; ++q)
-            copies.emplace_back(dy.row(b).row(q).rows(oy0, oy1).flatten(),
-                                dyl.row(b - b0).row(q - q0).flatten());
+          add_plane_copies(copies, dy, b, q0, q1, oy0, oy1, dyl.row(b - b0));
         for (std::size_t gr = g0; gr < g1; ++gr) {
           const std::size_t l0 = std::max(c0, gr * d.cig) - gr * d.cig,
                             l1 = std::min(c1, (gr + 1) * d.cig) - gr * d.cig;
           const std::size_t len = (l1 - l0) * d.taps;
+          if (l1 - l0 == d.cig) {  // the group's whole weights, contiguous in w and in wl
+            const std::size_t at_w = group_offset[gr - g0];
+            copies.emplace_back(w.rows(gr * d.cog, (gr + 1) * d.cog).flatten(),
+                                wl.slice(at_w, at_w + d.cog * len));
+            continue;
+          }
           for (std::size_t o = 0; o < d.cog; ++o) {
             const std::size_t at_w = group_offset[gr - g0] + o * len;
             copies.emplace_back(w.row(gr * d.cog + o).rows(l0, l1).flatten(),
@@ -1011,12 +1028,8 @@ Tensor conv2d_grad_weight(Graph& graph, Program& prog, const Tensor& dy, const T
         graph.set_tile_mapping(xl, tile);
         graph.set_tile_mapping(dyl, tile);
         for (std::size_t b = b0; b < b1; ++b) {
-          for (std::size_t ch = c0; ch < c1; ++ch)
-            copies.emplace_back(x.row(b).row(ch).rows(ir0, ir1).flatten(),
-                                xl.row(b - b0).row(ch - c0).flatten());
-          for (std::size_t o = o0; o < o1; ++o)
-            copies.emplace_back(dy.row(b).row(o).rows(r0, r1).flatten(),
-                                dyl.row(b - b0).row(o - o0).flatten());
+          add_plane_copies(copies, x, b, c0, c1, ir0, ir1, xl.row(b - b0));
+          add_plane_copies(copies, dy, b, o0, o1, r0, r1, dyl.row(b - b0));
         }
         // (output channel, input channel) pairs shared out between the workers.
         const std::size_t items = ob * d.cig;
