@@ -21,6 +21,7 @@ struct TrainConfig {
   std::string model = "mlp";
   std::vector<std::size_t> hidden = {128};
   double width = 1.0;  // channel width multiplier of the convolutional models (small configs)
+  double depth = 1.0;  // block repeat multiplier of the deep models (resnet50, efficientnetv2_s)
   std::string data;
   std::string arch = "mk2";
   std::string topology = "pod16";

@@ -51,6 +51,9 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
                   "Optimizer steps the device runs per host step (PopTorch deviceIterations)")
       ->capture_default_str();
   train.add_option("--epochs", c.epochs, "Passes over the training split")->capture_default_str();
+  train.add_option("--depth", c.depth, "Block repeat multiplier of the deep models")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   train.add_option("--learning-rate", c.learning_rate, "Base learning rate")->capture_default_str();
   train.add_option("--optimizer", c.optimizer, "sgd, sgd_momentum, adam or adamw, applied on tiles")
       ->capture_default_str();

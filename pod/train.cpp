@@ -34,6 +34,7 @@ models::ModelOptions model_options(const TrainConfig& config, const Startup& sta
   options.hidden = config.hidden;
   options.learning_rate = config.learning_rate;
   options.width = config.width;
+  options.depth = config.depth;
   options.pipeline_stages = config.stages;
   options.seed = config.seed;
   options.training = training;
