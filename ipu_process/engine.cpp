@@ -119,8 +119,8 @@ class ByteRanges {
   void add(const std::byte* data, std::size_t bytes) {
     if (data != nullptr && bytes > 0) ranges_.emplace_back(address(data), address(data) + bytes);
   }
-  void seal() {  // sorts and merges, so that ends increase with begins
-    std::sort(ranges_.begin(), ranges_.end());
+  void seal() {  // sorts (they often come in order) and merges, so that ends increase too
+    if (!std::is_sorted(ranges_.begin(), ranges_.end())) std::sort(ranges_.begin(), ranges_.end());
     std::size_t out = 0;
     for (const auto& r : ranges_)
       if (out > 0 && r.first <= ranges_[out - 1].second)
@@ -718,10 +718,12 @@ Engine::Node Engine::compile(const Program& p) {
                        [&](const auto& tr) { return written.overlaps(tr.src, tr.bytes); })) {
         std::vector<std::size_t> order;
         ex->tile_begin = group_by(dst_tiles, arch.tiles, order);
-        std::vector<CompiledExchange::Transfer> grouped;
-        grouped.reserve(order.size());
-        for (std::size_t i : order) grouped.push_back(ex->transfers[i]);
-        ex->transfers = std::move(grouped);
+        if (!std::is_sorted(dst_tiles.begin(), dst_tiles.end())) {  // else already grouped
+          std::vector<CompiledExchange::Transfer> grouped;
+          grouped.reserve(order.size());
+          for (std::size_t i : order) grouped.push_back(ex->transfers[i]);
+          ex->transfers = std::move(grouped);
+        }
       }
       node.index = exchanges_.size();
       compiled_exchanges_.emplace(p.identity(), node.index);
@@ -768,16 +770,19 @@ void Engine::fuse_exchanges(Node& sequence) const {
     // A vertex touches only its own tile, so once a tile's transfers are in, its vertices see
     // what they would after the whole exchange. What no vertex may do is change bytes that a
     // transfer to a later tile still has to read: no vertex region may overlap a source.
-    ByteRanges sources;
-    for (const auto& tr : ex.transfers) sources.add(tr.src, tr.bytes);
-    sources.seal();
-    bool overlap = false;
-    for (std::size_t r = 0; r < cs.regions.size() && !overlap; ++r)
-      overlap = sources.overlaps(cs.regions[r].data, cs.region_bytes[r]);
-    if (overlap) continue;
+    ByteRanges touched;
+    for (std::size_t r = 0; r < cs.regions.size(); ++r)
+      touched.add(cs.regions[r].data, cs.region_bytes[r]);
+    touched.seal();
+    if (std::any_of(ex.transfers.begin(), ex.transfers.end(),
+                    [&](const auto& tr) { return touched.overlaps(tr.src, tr.bytes); }))
+      continue;
     steps[i + 1].exchange = steps[i].index;
-    steps.erase(steps.begin() + static_cast<std::ptrdiff_t>(i));
+    steps[i].kind = Program::Kind::sequence;  // now empty: dropped below
   }
+  std::erase_if(steps, [](const Node& n) {
+    return n.kind == Program::Kind::sequence && n.children.empty() && !n.exchange;
+  });
 }
 
 void Engine::account(const char* category, std::uint64_t CycleBreakdown::*field,
