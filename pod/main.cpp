@@ -1,12 +1,14 @@
-// The `ipupod` command: git-style subcommands train, info and data.
+// The `ipupod` command: git-style subcommands train, compile, info, data and bench.
 // Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad input.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <iostream>
 
 #include "datasets/cli.hpp"
 #include "pod/bench.hpp"
+#include "pod/compile.hpp"
 #include "pod/config.hpp"
 #include "pod/info.hpp"
 #include "pod/train.hpp"
@@ -15,40 +17,43 @@ namespace {
 
 using ipupod::pod::TrainConfig;
 
-void add_train_options(CLI::App& train, TrainConfig& c) {
-  train.add_option("--model", c.model, "Model of the zoo to train (see `ipupod info --models`)")
+// The options that shape a compiled model, shared by train and compile. Returns
+// --gradient-accumulation, whose default compile changes.
+CLI::Option* add_model_options(CLI::App& app, TrainConfig& c) {
+  app.add_option("--model", c.model, "Model of the zoo (see `ipupod info --models`)")
       ->capture_default_str();
-  train.add_option("--hidden", c.hidden, "mlp: widths of the hidden layers")->capture_default_str();
-  train.add_option("--width", c.width, "Channel width multiplier of the convolutional models")
+  app.add_option("--hidden", c.hidden, "mlp: widths of the hidden layers")->capture_default_str();
+  app.add_option("--width", c.width, "Channel width multiplier of the convolutional models")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--arch", c.arch,
+                 "IPU architecture: mk1, mk2, bow, tiny, or a .json preset file (see README)")
+      ->capture_default_str();
+  app.add_option("--stages", c.stages,
+                 "Pipeline stages, IPUs per replica (the model's split marks)")
+      ->capture_default_str();
+  app.add_option("--pipeline-schedule", c.pipeline_schedule,
+                 "grouped (ramp-up, main, ramp-down with activation stashes) or sequential")
+      ->capture_default_str();
+  app.add_option("--micro-batch", c.micro_batch, "Samples per micro-batch on each replica")
+      ->capture_default_str();
+  CLI::Option* accumulation =
+      app.add_option("--gradient-accumulation", c.gradient_accumulation,
+                     "Micro-batches whose gradients are accumulated per optimizer step")
+          ->capture_default_str();
+  app.add_option("--device-iterations", c.device_iterations,
+                 "Optimizer steps the device runs per host step (PopTorch deviceIterations)")
+      ->capture_default_str();
+  return accumulation;
+}
+
+void add_train_options(CLI::App& train, TrainConfig& c) {
+  add_model_options(train, c);
   train.add_option("--data", c.data, "HDF5 training data made by `ipupod data` (/train, /test)")
       ->required();
-  train
-      .add_option("--arch", c.arch,
-                  "IPU architecture: mk1, mk2, bow, tiny, or a .json preset file (see README)")
-      ->capture_default_str();
   train.add_option("--topology", c.topology, "Pod topology preset for the link cost model")
       ->capture_default_str();
   train.add_option("--replicas", c.replicas, "Data-parallel replicas (PopTorch replicationFactor)")
-      ->capture_default_str();
-  train
-      .add_option("--stages", c.stages,
-                  "Pipeline stages, IPUs per replica (the model's split marks)")
-      ->capture_default_str();
-  train
-      .add_option("--pipeline-schedule", c.pipeline_schedule,
-                  "grouped (ramp-up, main, ramp-down with activation stashes) or sequential")
-      ->capture_default_str();
-  train.add_option("--micro-batch", c.micro_batch, "Samples per micro-batch on each replica")
-      ->capture_default_str();
-  train
-      .add_option("--gradient-accumulation", c.gradient_accumulation,
-                  "Micro-batches whose gradients are accumulated per optimizer step")
-      ->capture_default_str();
-  train
-      .add_option("--device-iterations", c.device_iterations,
-                  "Optimizer steps the device runs per host step (PopTorch deviceIterations)")
       ->capture_default_str();
   train.add_option("--epochs", c.epochs, "Passes over the training split")->capture_default_str();
   train.add_option("--depth", c.depth, "Block repeat multiplier of the deep models")
@@ -101,6 +106,35 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
       "  mpirun -n 3 ipupod train --model mlp --data fashion-mnist.h5 --replicas 2");
 }
 
+CLI::Option* add_compile_options(CLI::App& compile, ipupod::pod::CompileConfig& c) {
+  CLI::Option* accumulation = add_model_options(compile, c.train);
+  accumulation->default_str("stages")->description(
+      "Micro-batches per optimizer step (default: --stages, the fewest the grouped pipeline "
+      "takes; the memory does not depend on it)");
+  compile.add_option("--depth", c.train.depth, "Block repeat multiplier of the deep models")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  compile
+      .add_option("--sample-shape", c.sample_shape,
+                  "One input sample, e.g. 3,224,224 (default: the model's own)")
+      ->delimiter(',');
+  compile.add_option("--classes", c.classes, "Classes of a classifier's output layer")
+      ->capture_default_str();
+  compile.add_option("--stage", c.only_stages,
+                     "Compile only this stage (repeatable; default: every stage), e.g. one stage "
+                     "per job when memory is short");
+  compile.add_option("--seed", c.train.seed, "Seed of weight initialisation")
+      ->capture_default_str();
+  compile.add_option("--run-dir", c.train.run_dir, "Directory for memory.json and compile.json")
+      ->capture_default_str();
+  compile.footer(
+      "Compiles each stage on its own emulated IPU in turn (under mpirun, rank r takes stages r,\n"
+      "r + size, ...), with out of memory allowed, and prints per stage whether it fits.\n"
+      "Exit code 0: every stage fits; 1: a stage does not fit (reports written) or failure.\n"
+      "  ipupod compile --model resnet50 --stages 4 --arch mk2 --micro-batch 1 --classes 1000");
+  return accumulation;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -114,6 +148,14 @@ int main(int argc, char** argv) {
   TrainConfig train_config;
   CLI::App* train = app.add_subcommand("train", "Train a model on the emulated pod (under mpirun)");
   add_train_options(*train, train_config);
+
+  ipupod::pod::CompileConfig compile_config;
+  compile_config.train.micro_batch = 1;
+  compile_config.train.run_dir = "compile";
+  CLI::App* compile = app.add_subcommand(
+      "compile",
+      "Compile a model's pipeline stages for an architecture and report whether they fit");
+  CLI::Option* compile_accumulation = add_compile_options(*compile, compile_config);
 
   ipupod::pod::InfoRequest info_request;
   CLI::App* info = app.add_subcommand("info", "List architectures, topologies, codelets, models");
@@ -161,6 +203,14 @@ int main(int argc, char** argv) {
 
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  if (*compile) {
+    if (compile_accumulation->count() == 0)
+      compile_config.train.gradient_accumulation =
+          std::max<std::size_t>(1, compile_config.train.stages);
+    const int code = ipupod::pod::run_compile(compile_config, MPI_COMM_WORLD);
+    MPI_Finalize();
+    return code;
+  }
   const int code = ipupod::pod::run_train(train_config, MPI_COMM_WORLD);
   MPI_Finalize();
   return code;

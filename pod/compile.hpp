@@ -1,0 +1,43 @@
+// `ipupod compile`: compiles each pipeline stage of a zoo model for an architecture, without
+// data, training or a host, and reports per stage whether it fits and where it does not.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <iosfwd>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "pod/config.hpp"
+
+namespace ipupod::pod {
+
+struct CompileConfig {
+  // The options a training run would use: model and its sizes (width, depth), architecture,
+  // stages, schedule, micro-batch, gradient accumulation, seed, run directory.
+  TrainConfig train;
+  std::vector<std::size_t> sample_shape;  // one input sample; empty: the model's own
+  std::size_t classes = 10;
+  std::vector<std::size_t> only_stages;  // compile just these stages (empty: every stage)
+};
+
+// Checks the options on their own; throws UsageError.
+void validate(const CompileConfig& config);
+
+// The report of one compiled stage: memory.json's entry (memory_report_json plus "stage",
+// "layers", "parameters", "stash_slots", "stash_bytes", "fits", "compile_seconds").
+nlohmann::json compile_stage(const CompileConfig& config, std::size_t stage);
+
+// Prints the per-stage table, the worst tiles of each stage that does not fit and advice.
+void print_compile_report(const CompileConfig& config, const std::vector<nlohmann::json>& stages,
+                          std::ostream& out);
+
+// Compiles every stage (rank r of the world takes stages r, r + size, ...), rank 0 writes
+// memory.json and compile.json into the run directory and prints the report. Returns the
+// exit code: 0 every stage fits; 1 a stage does not fit (as training would fail: the report
+// is written all the same) or the compile failed; 2 bad usage.
+int run_compile(const CompileConfig& config, MPI_Comm world);
+
+}  // namespace ipupod::pod

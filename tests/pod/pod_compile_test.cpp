@@ -1,0 +1,145 @@
+// `ipupod compile`: every pipeline stage compiled on its own IPU reports its memory, whether it
+// fits, and, when it does not, the worst tiles and advice; also the command itself.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "ipu_process/arch.hpp"
+#include "models/zoo.hpp"
+#include "pod/compile.hpp"
+#include "tests/pod/run_command.hpp"
+
+namespace ipupod::pod {
+namespace {
+
+CompileConfig cnn(std::size_t stages, const std::string& arch) {
+  CompileConfig c;
+  c.train.model = "cnn";
+  c.train.stages = stages;
+  c.train.gradient_accumulation = stages;
+  c.train.micro_batch = 2;
+  c.train.arch = arch;
+  c.sample_shape = {1, 8, 8};
+  return c;
+}
+
+TEST(Compile, EachStageOfATwoStageCnnReportsItsMemoryAndFitsAnMk2) {
+  const CompileConfig c = cnn(2, "mk2");
+  ASSERT_NO_THROW(validate(c));
+  std::vector<nlohmann::json> stages;
+  for (std::size_t s = 0; s < 2; ++s) stages.push_back(compile_stage(c, s));
+  // Split marks: the two convolution blocks on stage 0, the classifier head on stage 1.
+  EXPECT_EQ(stages[0].at("layers").at("first"), "features0.conv");
+  EXPECT_EQ(stages[0].at("layers").at("last"), "features1.bn");
+  EXPECT_EQ(stages[1].at("layers").at("first"), "fc1");
+  EXPECT_EQ(stages[1].at("layers").at("last"), "fc2");
+  models::ModelOptions o;
+  o.micro_batch = 2;
+  o.sample_shape = {1, 8, 8};
+  EXPECT_EQ(stages[0].at("layers").at("parameters").get<std::size_t>() +
+                stages[1].at("layers").at("parameters").get<std::size_t>(),
+            models::build_model("cnn", o).parameter_count());
+  const auto& mk2 = ipu::ArchPreset::get("mk2");
+  for (std::size_t s = 0; s < 2; ++s) {
+    const auto& r = stages[s];
+    EXPECT_EQ(r.at("stage"), s);
+    EXPECT_TRUE(r.at("fits").get<bool>());
+    EXPECT_EQ(r.at("tiles_over_capacity"), 0u);
+    EXPECT_EQ(r.at("per_tile").size(), mk2.tiles);
+    EXPECT_GT(r.at("total_bytes").get<std::size_t>(), 0u);
+    EXPECT_LE(r.at("busiest_tile_bytes").get<std::size_t>(), mk2.bytes_per_tile);
+  }
+  // The grouped pipeline stashes the first stage's activations for 2 (S - 1 - s) + 1 slots.
+  EXPECT_EQ(stages[0].at("stash_slots"), 3u);
+  EXPECT_GT(stages[0].at("stash_bytes").get<std::size_t>(), 0u);
+  EXPECT_EQ(stages[1].at("stash_slots"), 1u);
+  EXPECT_EQ(stages[1].at("stash_bytes"), 0u);
+  std::ostringstream report;
+  print_compile_report(c, stages, report);
+  EXPECT_NE(report.str().find("Every stage fits."), std::string::npos) << report.str();
+}
+
+TEST(Compile, ATooSmallArchitectureReportsNoFitWithTheWorstTilesAndAdvice) {
+  const std::filesystem::path arch =
+      std::filesystem::temp_directory_path() / "ipupod_compile_test_small.json";
+  std::ofstream(arch) << R"({"base": "tiny", "name": "small", "tiles": 8, "bytes_per_tile": 8192})";
+  const CompileConfig c = cnn(2, arch.string());
+  const nlohmann::json r = compile_stage(c, 0);
+  EXPECT_FALSE(r.at("fits").get<bool>());
+  EXPECT_GT(r.at("tiles_over_capacity").get<std::size_t>(), 0u);
+  EXPECT_GT(r.at("busiest_tile_bytes").get<std::size_t>(), 8192u);
+  std::ostringstream report;
+  print_compile_report(c, {r}, report);
+  const std::string text = report.str();
+  EXPECT_NE(text.find("Stage 0 does not fit"), std::string::npos) << text;
+  const std::string worst = "tile " + std::to_string(r.at("busiest_tile").get<unsigned>()) + ": ";
+  EXPECT_NE(text.find(worst), std::string::npos) << text;
+  EXPECT_NE(text.find("largest: '"), std::string::npos) << text;
+  EXPECT_NE(text.find("Advice: the stage needs"), std::string::npos) << text;
+  EXPECT_NE(text.find("activation stash slots"), std::string::npos) << text;
+  std::filesystem::remove(arch);
+}
+
+TEST(Compile, MoreStagesThanTheModelSplitsIntoIsAUsageError) {
+  try {
+    validate(cnn(4, "mk2"));
+    FAIL() << "expected a usage error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("at most 3 pipeline stages"), std::string::npos)
+        << e.what();
+  }
+  CompileConfig grouped = cnn(2, "mk2");
+  grouped.train.gradient_accumulation = 1;
+  EXPECT_THROW(validate(grouped), UsageError);
+}
+
+// The command: one process compiles every stage, or one rank per stage under mpiexec; both
+// write the same verdicts and exit 1 when a stage does not fit.
+TEST(CompileCommand, WritesMemoryReportsAndExitsOneWhenAStageDoesNotFit) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "ipupod_compile_test_run";
+  for (const std::string& launcher :
+       {std::string(),
+        std::string(IPUPOD_MPIEXEC) + " -n 2 --oversubscribe --allow-run-as-root "}) {
+    std::filesystem::remove_all(dir);
+    const auto r = testing_support::run(launcher + IPUPOD_BINARY +
+                                            " compile --model cnn --stages 2 --arch tiny "
+                                            "--micro-batch 2 --run-dir " +
+                                            dir.string(),
+                                        300);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("does not fit"), std::string::npos) << r.output;
+    std::ifstream in(dir / "memory.json");
+    ASSERT_TRUE(in) << r.output;
+    const nlohmann::json memory = nlohmann::json::parse(in);
+    ASSERT_EQ(memory.size(), 2u);
+    for (std::size_t s = 0; s < 2; ++s) {
+      EXPECT_EQ(memory[s].at("stage"), s);
+      EXPECT_FALSE(memory[s].at("fits").get<bool>());
+    }
+    std::ifstream summary(dir / "compile.json");
+    ASSERT_TRUE(summary);
+    EXPECT_FALSE(nlohmann::json::parse(summary).at("fits").get<bool>());
+  }
+  // --stage compiles just the stages asked for.
+  std::filesystem::remove_all(dir);
+  const auto one = testing_support::run(std::string(IPUPOD_BINARY) +
+                                            " compile --model cnn --stages 2 --arch mk2 "
+                                            "--micro-batch 2 --stage 1 --run-dir " +
+                                            dir.string(),
+                                        300);
+  EXPECT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_NE(one.output.find("Every stage fits."), std::string::npos) << one.output;
+  std::ifstream in(dir / "memory.json");
+  ASSERT_TRUE(in) << one.output;
+  const nlohmann::json memory = nlohmann::json::parse(in);
+  ASSERT_EQ(memory.size(), 1u);
+  EXPECT_EQ(memory[0].at("stage"), 1u);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ipupod::pod
