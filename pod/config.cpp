@@ -64,10 +64,6 @@ void validate(const TrainConfig& c, int world_size) {
     throw UsageError("--weight-decay must be >= 0, got " + std::to_string(c.weight_decay));
   if (c.lr_schedule != "constant" && c.lr_schedule != "step" && c.lr_schedule != "cosine")
     throw UsageError("--lr-schedule must be constant, step or cosine, got '" + c.lr_schedule + "'");
-  if (c.stages > 1 && (c.checkpoint_every > 0 || !c.resume.empty()))
-    throw UsageError(
-        "--checkpoint-every and --resume work with --stages 1 only for now (a "
-        "pipelined replica's tensors are spread over its stages' IPUs)");
   if (world_size != static_cast<int>(c.world_size()))
     throw UsageError("the MPI world has " + std::to_string(world_size) + " ranks, but 1 host + " +
                      std::to_string(c.replicas) + " replicas x " + std::to_string(c.stages) +

@@ -5,6 +5,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "fabric/collectives.hpp"
@@ -22,8 +23,34 @@
 namespace ipupod::pod {
 namespace {
 
-// Tag of the memory reports later pipeline stages send to the first (above every transfer's).
-constexpr int kStageReportTag = 32000;
+// Tags of what later pipeline stages exchange with the first besides transfers (above every
+// transfer's): memory reports, the tensors each checkpoints (names, shapes, dtypes), their bytes
+// when a checkpoint is due, and the checkpoint's bytes on resume.
+constexpr int kStageReportTag = 32000, kStageManifestTag = 32001, kStageCheckpointTag = 32002,
+              kStageResumeTag = 32003;
+
+// A pipelined stage's checkpointed tensors as JSON: [[name, shape, dtype], ...].
+nlohmann::json checkpoint_manifest(
+    const std::vector<std::pair<std::string, ipu::Tensor>>& tensors) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& [name, tensor] : tensors)
+    j.push_back({name, tensor.shape(), static_cast<int>(tensor.dtype())});
+  return j;
+}
+
+void send_text(const std::string& text, int to, int tag, MPI_Comm comm) {
+  MPI_Send(text.data(), static_cast<int>(text.size()), MPI_CHAR, to, tag, comm);
+}
+
+std::string receive_text(int from, int tag, MPI_Comm comm) {
+  MPI_Status status;
+  MPI_Probe(from, tag, comm, &status);
+  int n = 0;
+  MPI_Get_count(&status, MPI_CHAR, &n);
+  std::string text(static_cast<std::size_t>(n), '\0');
+  MPI_Recv(text.data(), n, MPI_CHAR, from, tag, comm, MPI_STATUS_IGNORE);
+  return text;
+}
 
 host::HostArray array_of(host::DType dtype, std::vector<std::size_t> shape,
                          std::span<const std::byte> bytes) {
@@ -120,15 +147,33 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
     engine.write(tensor, std::as_bytes(std::span(fill)));
   }
 
-  // Resuming: the host has read the checkpoint; every IPU checks it holds exactly the tensors
-  // its compiled model checkpoints, and IPU 0 tells the host what does not fit.
+  // A pipelined replica's checkpoint holds every stage's tensors: the first stage learns which
+  // tensors the later ones keep (a tensor several stages keep, like the optimizer's step
+  // counter, is the same on each and saved once) and relays them to and from the host.
+  const bool checkpoints = config.checkpoint_every > 0 || startup.resume;
+  std::vector<nlohmann::json> stage_tensors(config.stages);  // on the first stage
+  if (checkpoints && config.stages > 1) {
+    if (stage > 0)
+      send_text(checkpoint_manifest(compiled.checkpointed).dump(), 0, kStageManifestTag,
+                pipeline_comm);
+    else
+      for (std::size_t s = 1; s < config.stages; ++s)
+        stage_tensors[s] = nlohmann::json::parse(
+            receive_text(static_cast<int>(s), kStageManifestTag, pipeline_comm));
+  }
+
+  // Resuming: the host has read the checkpoint; the first IPU of each replica checks it holds
+  // exactly the tensors its pipeline checkpoints, and IPU 0 tells the host what does not fit.
   if (startup.resume) {
     std::map<std::string, std::vector<std::size_t>> expected;
     for (const auto& [name, tensor] : compiled.checkpointed) expected[name] = tensor.shape();
+    for (const auto& later : stage_tensors)
+      for (const auto& t : later) expected[t[0]] = t[1].get<std::vector<std::size_t>>();
     int status = 0, verdict = 0;
     std::string message;
     try {
-      host::check_compatible(startup.resume_shapes, startup.resume_host_step, expected);
+      if (stage == 0)
+        host::check_compatible(startup.resume_shapes, startup.resume_host_step, expected);
     } catch (const host::CheckpointError& e) {
       status = 2;
       message = e.what();
@@ -157,20 +202,44 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
                                       .credits = 8,
                                       .timeout = timeout});
   std::uint64_t step = startup.resume_host_step;
-  if (startup.resume) {  // the checkpoint's tensors come first, in name order
-    const std::map<std::string, ipu::Tensor> by_name(compiled.checkpointed.begin(),
-                                                     compiled.checkpointed.end());
+  const std::map<std::string, ipu::Tensor> checkpointed_by_name(compiled.checkpointed.begin(),
+                                                                compiled.checkpointed.end());
+  if (startup.resume && stage == 0) {  // the checkpoint's tensors come first, in name order
     host::Frame frame;
     for (const auto& [name, shape] : startup.resume_shapes) {
       client->receive(frame);
-      const ipu::Tensor& tensor = by_name.at(name);
-      const std::size_t bytes = tensor.elements() * ipu::dtype_size(tensor.dtype());
-      if (frame.stream != kCheckpointFrames || frame.array.bytes.size() != bytes)
-        throw std::runtime_error("resuming: expected checkpoint tensor '" + name + "' (" +
-                                 std::to_string(bytes) + " bytes) from the host, got stream " +
-                                 std::to_string(frame.stream) + " with " +
-                                 std::to_string(frame.array.bytes.size()) + " bytes");
-      engine.write(tensor, frame.array.bytes);
+      const std::size_t bytes = frame.array.bytes.size();
+      if (frame.stream != kCheckpointFrames)
+        throw std::runtime_error("resuming: expected checkpoint tensor '" + name +
+                                 "' from the host, got stream " + std::to_string(frame.stream));
+      if (auto it = checkpointed_by_name.find(name); it != checkpointed_by_name.end()) {
+        const ipu::Tensor& tensor = it->second;
+        if (bytes != tensor.elements() * ipu::dtype_size(tensor.dtype()))
+          throw std::runtime_error(
+              "resuming: checkpoint tensor '" + name + "' has " + std::to_string(bytes) +
+              " bytes, the IPU's " +
+              std::to_string(tensor.elements() * ipu::dtype_size(tensor.dtype())));
+        engine.write(tensor, frame.array.bytes);
+      }
+      for (std::size_t s = 1; s < config.stages; ++s)  // then to the later stages that keep it
+        for (const auto& t : stage_tensors[s])
+          if (t[0] == name)
+            MPI_Send(frame.array.bytes.data(), static_cast<int>(bytes), MPI_BYTE,
+                     static_cast<int>(s), kStageResumeTag, pipeline_comm);
+    }
+  } else if (startup.resume) {  // a later stage: its own tensors from the first, in name order
+    for (const auto& [name, tensor] : checkpointed_by_name) {
+      std::vector<std::byte> bytes(tensor.elements() * ipu::dtype_size(tensor.dtype()));
+      MPI_Status status;
+      MPI_Recv(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, 0, kStageResumeTag,
+               pipeline_comm, &status);
+      int got = 0;
+      MPI_Get_count(&status, MPI_BYTE, &got);
+      if (static_cast<std::size_t>(got) != bytes.size())
+        throw std::runtime_error("resuming: checkpoint tensor '" + name + "' arrived with " +
+                                 std::to_string(got) + " bytes, expected " +
+                                 std::to_string(bytes.size()));
+      engine.write(tensor, bytes);
     }
   }
   host::Frame incoming;
@@ -271,11 +340,27 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
       training.compute = c[0], training.exchange = c[1], training.sync = c[2];
       training.host = c[3], training.fabric = c[4];
     }
-    // Replica 0 sends the host what a checkpoint holds: a manifest, then each tensor.
+    // Replica 0 sends the host what a checkpoint holds: a manifest, then each tensor; its later
+    // stages send theirs through the first.
     const auto send_checkpoint = [&] {
       if (replica != 0) return;
+      if (stage > 0) {
+        for (const auto& [name, tensor] : compiled.checkpointed) {
+          const std::vector<std::byte> bytes = engine.read(tensor);
+          MPI_Send(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, 0, kStageCheckpointTag,
+                   pipeline_comm);
+        }
+        return;
+      }
       nlohmann::json names = nlohmann::json::array();
-      for (const auto& [name, tensor] : compiled.checkpointed) names.push_back(name);
+      std::set<std::string> saved;
+      for (const auto& [name, tensor] : compiled.checkpointed) {
+        names.push_back(name);
+        saved.insert(name);
+      }
+      for (const auto& later : stage_tensors)
+        for (const auto& t : later)
+          if (saved.insert(t[0].get<std::string>()).second) names.push_back(t[0]);
       const std::string manifest = nlohmann::json{
           {"names", names},
           {"cycles",
@@ -289,6 +374,18 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
         client->send(host::FrameView(kCheckpointFrames, step, host_dtype(tensor.dtype()),
                                      tensor.shape(), bytes));
       }
+      saved.clear();
+      for (const auto& [name, tensor] : compiled.checkpointed) saved.insert(name);
+      for (std::size_t s = 1; s < config.stages; ++s)
+        for (const auto& t : stage_tensors[s]) {
+          const auto shape = t[1].get<std::vector<std::size_t>>();
+          const auto dtype = static_cast<ipu::DType>(t[2].get<int>());
+          std::vector<std::byte> bytes(host::shape_elements(shape) * ipu::dtype_size(dtype));
+          MPI_Recv(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, static_cast<int>(s),
+                   kStageCheckpointTag, pipeline_comm, MPI_STATUS_IGNORE);
+          if (saved.insert(t[0].get<std::string>()).second)
+            client->send(host::FrameView(kCheckpointFrames, step, host_dtype(dtype), shape, bytes));
+        }
     };
     const std::size_t every = config.checkpoint_every;
     for (std::size_t epoch = startup.resume_epoch; epoch < config.epochs; ++epoch) {

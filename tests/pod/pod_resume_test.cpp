@@ -41,11 +41,13 @@ class PodResume : public ::testing::Test {
   // 2 replicas x 10 samples x accumulation 2 x 2 device iterations: 80 samples per host step,
   // 15 host steps per epoch.
   static Result train(const std::string& run_dir, const std::string& options,
-                      const std::string& hidden = "32") {
-    return run(std::string(IPUPOD_MPIEXEC) + " -n 3 --oversubscribe --allow-run-as-root " +
-               IPUPOD_BINARY + " train --model mlp --hidden " + hidden + " --data " +
-               data().string() +
-               " --replicas 2 --micro-batch 10 --gradient-accumulation 2 --device-iterations 2"
+                      const std::string& hidden = "32", const std::string& layout = "--replicas 2",
+                      int ranks = 3) {
+    return run(std::string(IPUPOD_MPIEXEC) + " -n " + std::to_string(ranks) +
+               " --oversubscribe --allow-run-as-root " + IPUPOD_BINARY +
+               " train --model mlp --hidden " + hidden + " --data " + data().string() + " " +
+               layout +
+               " --micro-batch 10 --gradient-accumulation 2 --device-iterations 2"
                " --learning-rate 0.1 --arch tiny --topology m2000 --run-dir " +
                (dir() / run_dir).string() + " " + options);
   }
@@ -127,6 +129,27 @@ TEST_F(PodResume, StoppedAndResumedRunsEndBitwiseIdenticalToAStraightRun) {
   for (const auto& entry : fs::directory_iterator(dir() / "middle"))
     kept += entry.path().extension() == ".h5";
   EXPECT_EQ(kept, 2u);
+}
+
+// A pipelined replica's checkpoint gathers every stage's tensors (weights, Adam's moments, each
+// stage's step counter once) through the first stage, and a resume hands each stage its own.
+TEST_F(PodResume, PipelinedRunsResumeBitwiseIdenticallyToo) {
+  const std::string layout = "--replicas 2 --stages 2 --optimizer adam";
+  const Result straight = train(
+      "pipe-straight", "--epochs 2 --checkpoint-every 4 --checkpoint-keep 0", "32", layout, 5);
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const auto mid =
+      ipupod::host::load_checkpoint((dir() / "pipe-straight" / "checkpoint-000016.h5").string());
+  for (const char* name : {"fc0.weight", "head.weight", "head.weight/exp_avg", "optimizer/step"})
+    EXPECT_EQ(mid.tensors.count(name), 1u) << name;
+  const Result resumed = train("pipe-middle",
+                               "--epochs 2 --checkpoint-every 4 --resume " +
+                                   (dir() / "pipe-straight" / "checkpoint-000016.h5").string(),
+                               "32", layout, 5);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  expect_same_tensors(dir() / "pipe-straight" / "checkpoint-000030.h5",
+                      dir() / "pipe-middle" / "checkpoint-000030.h5");
+  expect_same_metrics("pipe-straight", "pipe-middle");
 }
 
 TEST_F(PodResume, ResumeThatDoesNotFitTheRunIsBadInput) {
