@@ -76,8 +76,9 @@ std::string percent(std::size_t part, std::size_t whole) {
   return text;
 }
 
+// s followed by spaces up to `width` columns, and at least one.
 std::string pad(std::string s, std::size_t width) {
-  if (s.size() < width) s.append(width - s.size(), ' ');
+  s.append(s.size() < width ? width - s.size() : 1, ' ');
   return s;
 }
 
