@@ -15,6 +15,7 @@
 #include "ipu_process/engine.hpp"
 #include "pod/compiler.hpp"
 #include "pod/report.hpp"
+#include "pod/wire.hpp"
 
 namespace ipupod::pod {
 namespace {
@@ -317,21 +318,14 @@ int run_compile(const CompileConfig& c, MPI_Comm world) {
       if (rank == 0) {
         reports[i] = std::move(report);
       } else {
-        const std::string text = report.dump();
-        MPI_Send(text.data(), static_cast<int>(text.size()), MPI_CHAR, 0, kStageReportTag, world);
+        send_text(report.dump(), 0, kStageReportTag, world);
       }
     }
     if (rank != 0) return 0;
     for (std::size_t i = 0; i < stages.size(); ++i) {
       const int from = static_cast<int>(i % static_cast<std::size_t>(size));
       if (from == 0) continue;
-      MPI_Status status;
-      MPI_Probe(from, kStageReportTag, world, &status);
-      int n = 0;
-      MPI_Get_count(&status, MPI_CHAR, &n);
-      std::string text(static_cast<std::size_t>(n), '\0');
-      MPI_Recv(text.data(), n, MPI_CHAR, from, kStageReportTag, world, MPI_STATUS_IGNORE);
-      reports[i] = nlohmann::json::parse(text);
+      reports[i] = nlohmann::json::parse(receive_text(from, kStageReportTag, world));
     }
     nlohmann::json memory = nlohmann::json::array();
     nlohmann::json summary = {{"config", config_json(c.train)},

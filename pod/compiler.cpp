@@ -554,6 +554,17 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   std::vector<ipu::Tensor> accumulators;
   // Stateful optimizers read the mean accumulated gradient in place of the last micro-batch's.
   std::vector<std::pair<models::ValueId, ipu::Tensor>> mean_gradients;
+  // The sum of a parameter's gradients over the step's micro-batches, zeroed at its start.
+  const auto accumulator = [&](models::ValueId param_id, models::ValueId grad_id) {
+    const std::string name = model.graph.value(param_id).name;
+    ipu::Tensor acc = ipu::ops::clone_like(g, out.parameters.at(param_id), name + "/accumulator",
+                                           ipu::MemoryCategory::optimizer_state);
+    accumulators.push_back(acc);
+    ipu::ops::zero(g, zero_accumulators, acc, name + "/zero");
+    ipu::ops::scaled_add_in_place(g, accumulate, acc, lowering.tensor(grad_id), 1.0f,
+                                  name + "/accumulate");
+    return acc;
+  };
   for (const auto& op : model.graph.ops()) {
     if ((op.kind == OpKind::adam_step || op.kind == OpKind::sgd_momentum_step) &&
         op.pipeline_stage == stage) {
@@ -562,26 +573,13 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
         throw std::invalid_argument("optimizer op '" + op.name +
                                     "' updates with a scaled gradient (clipping or loss "
                                     "scaling), which is not lowered onto the IPU yet");
-      const std::string name = model.graph.value(op.inputs[0]).name;
-      const ipu::Tensor& param = out.parameters.at(op.inputs[0]);
-      ipu::Tensor acc = ipu::ops::clone_like(g, param, name + "/accumulator",
-                                             ipu::MemoryCategory::optimizer_state);
-      accumulators.push_back(acc);
-      ipu::ops::zero(g, zero_accumulators, acc, name + "/zero");
-      ipu::ops::scaled_add_in_place(g, accumulate, acc, lowering.tensor(grad_id), 1.0f,
-                                    name + "/accumulate");
-      mean_gradients.emplace_back(grad_id, acc);
+      mean_gradients.emplace_back(grad_id, accumulator(op.inputs[0], grad_id));
       continue;
     }
     if (op.kind != OpKind::sgd_step || op.pipeline_stage != stage) continue;
     const ipu::Tensor& param = out.parameters.at(op.inputs[0]);
-    const ipu::Tensor& grad = lowering.tensor(op.inputs[1]);
+    const ipu::Tensor acc = accumulator(op.inputs[0], op.inputs[1]);
     const std::string name = model.graph.value(op.inputs[0]).name;
-    ipu::Tensor acc =
-        ipu::ops::clone_like(g, param, name + "/accumulator", ipu::MemoryCategory::optimizer_state);
-    accumulators.push_back(acc);
-    ipu::ops::zero(g, zero_accumulators, acc, name + "/zero");
-    ipu::ops::scaled_add_in_place(g, accumulate, acc, grad, 1.0f, name + "/accumulate");
     // Mean over the accumulated micro-batches; the all-reduce already averaged the replicas.
     const float factor =
         -static_cast<float>(op.scalar / static_cast<double>(shape.gradient_accumulation));

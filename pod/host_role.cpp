@@ -39,24 +39,34 @@ host::FrameView micro_batch_frame(StreamId id, std::uint64_t step, const host::H
   return {id, step, a.dtype, shape, std::span(a.bytes).subspan(m * bytes, bytes)};
 }
 
+std::vector<std::size_t> every_index(std::size_t n) {
+  std::vector<std::size_t> all(n);
+  for (std::size_t i = 0; i < n; ++i) all[i] = i;
+  return all;
+}
+
+// The split's description, after checking its inputs are float32 as every model takes them.
+host::SplitInfo float_input_split(const host::DatasetFile& file, const char* split) {
+  host::SplitInfo info = file.info(split);
+  if (info.inputs.dtype != host::DType::f32)
+    throw host::DatasetError(file.path() + ": /" + split + "/inputs is " +
+                             std::string(host::dtype_name(info.inputs.dtype)) +
+                             ", the model needs float32 inputs");
+  return info;
+}
+
 // Checks the data set suits a classifier and returns the class count (max label + 1).
 std::size_t check_classification_data(const host::DatasetFile& file) {
   std::int32_t max_label = -1;
   for (const char* split : {"train", "test"}) {
-    const host::SplitInfo info = file.info(split);
-    if (info.inputs.dtype != host::DType::f32)
-      throw host::DatasetError(file.path() + ": /" + split + "/inputs is " +
-                               std::string(host::dtype_name(info.inputs.dtype)) +
-                               ", the model needs float32 inputs");
+    const host::SplitInfo info = float_input_split(file, split);
     if (info.targets.dtype != host::DType::i32 || !info.targets.sample_shape.empty())
       throw host::DatasetError(file.path() + ": /" + split +
                                "/targets must hold one int32 class "
                                "label per sample for a classifier, got " +
                                std::string(host::dtype_name(info.targets.dtype)) + " of shape " +
                                host::shape_string(info.targets.sample_shape));
-    std::vector<std::size_t> all(info.samples);
-    for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
-    const host::HostArray labels = file.read_targets(split, all);
+    const host::HostArray labels = file.read_targets(split, every_index(info.samples));
     for (std::size_t i = 0; i < labels.elements(); ++i) {
       const std::int32_t y = labels.as<const std::int32_t>()[i];
       if (y < 0)
@@ -75,12 +85,6 @@ struct Scoring {
   TestScores scores() const { return {task, target_range, train_mean, compression_ratio}; }
 };
 
-std::vector<std::size_t> every_index(std::size_t n) {
-  std::vector<std::size_t> all(n);
-  for (std::size_t i = 0; i < n; ++i) all[i] = i;
-  return all;
-}
-
 // Checks the data set suits a model that is not a classifier: float32 inputs, and float32
 // targets of the shape the model's labels take per sample. Returns what the scores need: the
 // range of the test targets (of a field, over its valid cells) and the mean training target.
@@ -89,11 +93,7 @@ Scoring check_target_data(const host::DatasetFile& file, const models::Model& mo
   const std::vector<std::size_t> expected(labels.shape.begin() + 1, labels.shape.end());
   const bool field = model.task == models::Task::reconstruction;
   for (const char* split : {"train", "test"}) {
-    const host::SplitInfo info = file.info(split);
-    if (info.inputs.dtype != host::DType::f32)
-      throw host::DatasetError(file.path() + ": /" + split + "/inputs is " +
-                               std::string(host::dtype_name(info.inputs.dtype)) +
-                               ", the model needs float32 inputs");
+    const host::SplitInfo info = float_input_split(file, split);
     if (info.targets.dtype != host::DType::f32 || info.targets.sample_shape != expected)
       throw host::DatasetError(
           file.path() + ": /" + split + "/targets must be float32 of shape " +

@@ -38,20 +38,6 @@ nlohmann::json checkpoint_manifest(
   return j;
 }
 
-void send_text(const std::string& text, int to, int tag, MPI_Comm comm) {
-  MPI_Send(text.data(), static_cast<int>(text.size()), MPI_CHAR, to, tag, comm);
-}
-
-std::string receive_text(int from, int tag, MPI_Comm comm) {
-  MPI_Status status;
-  MPI_Probe(from, tag, comm, &status);
-  int n = 0;
-  MPI_Get_count(&status, MPI_CHAR, &n);
-  std::string text(static_cast<std::size_t>(n), '\0');
-  MPI_Recv(text.data(), n, MPI_CHAR, from, tag, comm, MPI_STATUS_IGNORE);
-  return text;
-}
-
 host::HostArray array_of(host::DType dtype, std::vector<std::size_t> shape,
                          std::span<const std::byte> bytes) {
   host::HostArray a;
@@ -409,21 +395,12 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
     report_json["stash_slots"] = compiled.stash_slots;
     report_json["parameter_tensors"] = compiled.parameters.size();
     if (stage > 0) {  // later stages report their memory through the first one
-      const std::string report = report_json.dump();
-      MPI_Send(report.data(), static_cast<int>(report.size()), MPI_CHAR, 0, kStageReportTag,
-               pipeline_comm);
+      send_text(report_json.dump(), 0, kStageReportTag, pipeline_comm);
     } else {
       nlohmann::json later = nlohmann::json::array();
-      for (std::size_t s = 1; s < config.stages; ++s) {
-        MPI_Status status;
-        MPI_Probe(static_cast<int>(s), kStageReportTag, pipeline_comm, &status);
-        int n = 0;
-        MPI_Get_count(&status, MPI_CHAR, &n);
-        std::string text(static_cast<std::size_t>(n), '\0');
-        MPI_Recv(text.data(), n, MPI_CHAR, static_cast<int>(s), kStageReportTag, pipeline_comm,
-                 MPI_STATUS_IGNORE);
-        later.push_back(nlohmann::json::parse(text));
-      }
+      for (std::size_t s = 1; s < config.stages; ++s)
+        later.push_back(nlohmann::json::parse(
+            receive_text(static_cast<int>(s), kStageReportTag, pipeline_comm)));
       if (!later.empty()) report_json["later_stages"] = std::move(later);
       report_json["trace"] = trace_json(engine.trace(), arch);
       const std::string report = report_json.dump();

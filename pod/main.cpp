@@ -60,7 +60,8 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   train.add_option("--learning-rate", c.learning_rate, "Base learning rate")->capture_default_str();
-  train.add_option("--optimizer", c.optimizer, "sgd, sgd_momentum, adam or adamw, applied on tiles")
+  train
+      .add_option("--optimizer", c.optimizer, "sgd, sgd_momentum, adam or adamw, applied on tiles")
       ->capture_default_str();
   train.add_option("--momentum", c.momentum, "Momentum of sgd_momentum")->capture_default_str();
   train.add_option("--weight-decay", c.weight_decay, "L2 (sgd*, adam) or decoupled (adamw) decay")
@@ -69,7 +70,9 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
       .add_option("--lr-schedule", c.lr_schedule,
                   "constant, step (x0.1 after each quarter of the run) or cosine (to 0 at the end)")
       ->capture_default_str();
-  train.add_option("--warmup-steps", c.warmup_steps, "Optimizer steps of linear learning-rate warm-up")
+  train
+      .add_option("--warmup-steps", c.warmup_steps,
+                  "Optimizer steps of linear learning-rate warm-up")
       ->capture_default_str();
   train.add_option("--seed", c.seed, "Seed of weight initialisation and shuffling")
       ->capture_default_str();

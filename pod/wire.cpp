@@ -50,4 +50,18 @@ Startup broadcast_startup(const Startup& s, int root, MPI_Comm comm) {
   return out;
 }
 
+void send_text(const std::string& text, int to, int tag, MPI_Comm comm) {
+  MPI_Send(text.data(), static_cast<int>(text.size()), MPI_CHAR, to, tag, comm);
+}
+
+std::string receive_text(int from, int tag, MPI_Comm comm) {
+  MPI_Status status;
+  MPI_Probe(from, tag, comm, &status);
+  int n = 0;
+  MPI_Get_count(&status, MPI_CHAR, &n);
+  std::string text(static_cast<std::size_t>(n), '\0');
+  MPI_Recv(text.data(), n, MPI_CHAR, from, tag, comm, MPI_STATUS_IGNORE);
+  return text;
+}
+
 }  // namespace ipupod::pod

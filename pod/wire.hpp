@@ -48,4 +48,8 @@ struct Startup {
 // Collective over `comm`: root fills `startup`, every rank returns the root's record.
 Startup broadcast_startup(const Startup& startup, int root, MPI_Comm comm);
 
+// A text (JSON reports, manifests) from one rank to another, its length found on arrival.
+void send_text(const std::string& text, int to, int tag, MPI_Comm comm);
+std::string receive_text(int from, int tag, MPI_Comm comm);
+
 }  // namespace ipupod::pod

@@ -14,6 +14,35 @@
 namespace ipupod::pod {
 namespace {
 
+void write_constants(ipu::Engine& engine, const CompiledModel& compiled) {
+  for (const auto& [tensor, value] : compiled.constants) {
+    std::vector<float> fill(tensor.elements(), value);
+    engine.write(tensor, std::as_bytes(std::span(fill)));
+  }
+}
+
+// The host's side of a one-IPU run: feeds the micro-batches in order to the input and label
+// streams and keeps the losses the device streams back.
+struct HostStreams {
+  std::vector<models::Buffer> xs, ys;  // inputs (float), class labels (int32)
+  std::size_t next_x = 0, next_y = 0;
+  std::vector<float> losses;
+
+  void connect(ipu::Engine& engine) {
+    engine.connect_input_stream(kInputStream, [this](std::span<std::byte> dst) {
+      std::memcpy(dst.data(), xs.at(next_x++).f.data(), dst.size());
+    });
+    engine.connect_input_stream(kLabelStream, [this](std::span<std::byte> dst) {
+      std::memcpy(dst.data(), ys.at(next_y++).i.data(), dst.size());
+    });
+    engine.connect_output_stream(kLossStream, [this](std::span<const std::byte> src) {
+      float v;
+      std::memcpy(&v, src.data(), sizeof v);
+      losses.push_back(v);
+    });
+  }
+};
+
 TEST(Compiler, OneReplicaMatchesTheInterpreterStepForStep) {
   models::ModelOptions o;
   o.micro_batch = 6;
@@ -29,14 +58,12 @@ TEST(Compiler, OneReplicaMatchesTheInterpreterStepForStep) {
   models::Interpreter reference(model.graph, seed);
   for (const auto& [id, tensor] : compiled.parameters)
     engine.write(tensor, std::as_bytes(std::span(reference.get(id).f)));
-  for (const auto& [tensor, value] : compiled.constants) {
-    std::vector<float> fill(tensor.elements(), value);
-    engine.write(tensor, std::as_bytes(std::span(fill)));
-  }
+  write_constants(engine, compiled);
 
   // The same micro-batches for both: random inputs, labels cycling through the classes.
   const std::size_t micro_batches = accumulation * iterations;
-  std::vector<models::Buffer> xs, ys;
+  HostStreams host;
+  auto &xs = host.xs, &ys = host.ys;
   std::mt19937 gen(5);
   std::normal_distribution<float> d;
   for (std::size_t b = 0; b < micro_batches; ++b) {
@@ -46,20 +73,9 @@ TEST(Compiler, OneReplicaMatchesTheInterpreterStepForStep) {
     for (std::size_t i = 0; i < o.micro_batch; ++i)
       ys.back().i[i] = static_cast<std::int32_t>((i + b) % o.classes);
   }
-  std::size_t next_x = 0, next_y = 0;
-  std::vector<float> device_losses;
-  engine.connect_input_stream(kInputStream, [&](std::span<std::byte> dst) {
-    std::memcpy(dst.data(), xs.at(next_x++).f.data(), dst.size());
-  });
-  engine.connect_input_stream(kLabelStream, [&](std::span<std::byte> dst) {
-    std::memcpy(dst.data(), ys.at(next_y++).i.data(), dst.size());
-  });
-  engine.connect_output_stream(kLossStream, [&](std::span<const std::byte> src) {
-    float v;
-    std::memcpy(&v, src.data(), sizeof v);
-    device_losses.push_back(v);
-  });
+  host.connect(engine);
   engine.run("train");
+  const std::vector<float>& device_losses = host.losses;
   ASSERT_EQ(device_losses.size(), micro_batches);
 
   // Reference: accumulate each step's gradients, then one SGD update with their mean.
@@ -129,11 +145,9 @@ TEST_P(StatefulOptimizer, MatchesTheInterpreterStepForStep) {
   models::Interpreter reference(model.graph, seed);
   for (const auto& [id, tensor] : compiled.initial_values)
     engine.write(tensor, std::as_bytes(std::span(reference.get(id).f)));
-  for (const auto& [tensor, value] : compiled.constants) {
-    std::vector<float> fill(tensor.elements(), value);
-    engine.write(tensor, std::as_bytes(std::span(fill)));
-  }
-  std::vector<models::Buffer> xs, ys;
+  write_constants(engine, compiled);
+  HostStreams host;
+  auto &xs = host.xs, &ys = host.ys;
   std::mt19937 gen(9);
   std::normal_distribution<float> d;
   for (std::size_t b = 0; b < steps; ++b) {
@@ -143,20 +157,9 @@ TEST_P(StatefulOptimizer, MatchesTheInterpreterStepForStep) {
     for (std::size_t i = 0; i < o.micro_batch; ++i)
       ys.back().i[i] = static_cast<std::int32_t>((i * 7 + b) % o.classes);
   }
-  std::size_t next_x = 0, next_y = 0;
-  std::vector<float> losses;
-  engine.connect_input_stream(kInputStream, [&](std::span<std::byte> dst) {
-    std::memcpy(dst.data(), xs.at(next_x++).f.data(), dst.size());
-  });
-  engine.connect_input_stream(kLabelStream, [&](std::span<std::byte> dst) {
-    std::memcpy(dst.data(), ys.at(next_y++).i.data(), dst.size());
-  });
-  engine.connect_output_stream(kLossStream, [&](std::span<const std::byte> src) {
-    float v;
-    std::memcpy(&v, src.data(), sizeof v);
-    losses.push_back(v);
-  });
+  host.connect(engine);
   engine.run("train");
+  const std::vector<float>& losses = host.losses;
   ASSERT_EQ(losses.size(), steps);
   for (std::size_t b = 0; b < steps; ++b) {
     reference.set(model.input, xs[b]);
