@@ -50,44 +50,38 @@ std::size_t first_non_finite(std::span<const Value> values, Bits exponent) {
   return values.size();
 }
 
-// DatasetError naming split, sample (index in the file) and element if `array` holds NaN or
-// infinity; integer arrays always pass.
-void check_finite(const HostArray& array, const LoaderConfig& config, Field field,
-                  std::span<const std::size_t> indices) {
-  std::size_t bad = 0;
-  if (array.dtype == DType::f32) {
-    bad = first_non_finite(array.as<float>(), kF32Exponent);
-  } else if (array.dtype == DType::f16) {
-    bad = first_non_finite(array.as<Half>(), kF16Exponent);
-  } else {
-    return;
-  }
-  if (bad == array.elements()) return;
+// DatasetError naming split, sample (index in the file) and element if sample k of `array`
+// (file index `index`) holds NaN or infinity; integer arrays always pass.
+void check_finite(const HostArray& array, const LoaderConfig& config, Field field, std::size_t k,
+                  std::size_t index) {
+  if (array.dtype != DType::f32 && array.dtype != DType::f16) return;
   const std::vector<std::size_t> sample_shape(array.shape.begin() + 1, array.shape.end());
   const std::size_t per_sample = shape_elements(sample_shape);
-  const std::size_t element = bad % per_sample;
+  std::size_t element = 0;
+  bool nan = false;
+  if (array.dtype == DType::f32) {
+    const std::span<const float> values = array.as<float>().subspan(k * per_sample, per_sample);
+    element = first_non_finite(values, kF32Exponent);
+    if (element == per_sample) return;
+    nan = values[element] != values[element];
+  } else {
+    const std::span<const Half> values = array.as<Half>().subspan(k * per_sample, per_sample);
+    element = first_non_finite(values, kF16Exponent);
+    if (element == per_sample) return;
+    nan = (std::bit_cast<std::uint16_t>(values[element]) & 0x03FFU) != 0;
+  }
   std::vector<std::size_t> position(sample_shape.size());
   for (std::size_t d = sample_shape.size(), rest = element; d-- > 0;) {
     position[d] = rest % sample_shape[d];
     rest /= sample_shape[d];
   }
-  bool nan = false;
-  if (array.dtype == DType::f32) {
-    float value;
-    std::memcpy(&value, array.bytes.data() + bad * 4, 4);
-    nan = value != value;
-  } else {
-    std::uint16_t bits;
-    std::memcpy(&bits, array.bytes.data() + bad * 2, 2);
-    nan = (bits & 0x03FFU) != 0;
-  }
-  throw DatasetError(
-      "dataset '" + config.path + "': split '" + config.split + "', " +
-      std::string(field_name(field)) + " of sample " + std::to_string(indices[bad / per_sample]) +
-      ", element " + std::to_string(element) + " (position " + shape_string(position) +
-      " in a sample of shape " + shape_string(sample_shape) + ") is " + (nan ? "NaN" : "infinite") +
-      "; training needs finite values: fill or mask missing values when "
-      "converting the data");
+  throw DatasetError("dataset '" + config.path + "': split '" + config.split + "', " +
+                     std::string(field_name(field)) + " of sample " + std::to_string(index) +
+                     ", element " + std::to_string(element) + " (position " +
+                     shape_string(position) + " in a sample of shape " +
+                     shape_string(sample_shape) + ") is " + (nan ? "NaN" : "infinite") +
+                     "; training needs finite values: fill or mask missing values when "
+                     "converting the data");
 }
 
 }  // namespace
@@ -247,6 +241,7 @@ Loader::Loader(LoaderConfig config) : config_(std::move(config)), file_(config_.
                        " replicas x " + std::to_string(config_.samples_per_step) +
                        " samples per step); use fewer replicas, a smaller batch or more data");
   }
+  finite_checked_ = std::make_unique<std::atomic<bool>[]>(info_.samples);
   if (config_.prefetch_steps > 0) prefetcher_ = std::make_unique<Prefetcher>(*this);
 }
 
@@ -354,8 +349,15 @@ std::vector<Batch> Loader::read_batches(std::size_t epoch, std::size_t step,
   if (config_.check_finite) {
     for (std::size_t b = 0; b < replicas.size(); ++b) {
       try {
-        check_finite(batches[b].inputs, config_, Field::inputs, indices[b]);
-        check_finite(batches[b].targets, config_, Field::targets, indices[b]);
+        for (std::size_t k = 0; k < per_batch; ++k) {
+          // The file is mapped read-only for the loader's life: a sample found finite once
+          // stays so, and later epochs skip the scan.
+          std::atomic<bool>& checked = finite_checked_[indices[b][k]];
+          if (checked.load(std::memory_order_relaxed)) continue;
+          check_finite(batches[b].inputs, config_, Field::inputs, k, indices[b][k]);
+          check_finite(batches[b].targets, config_, Field::targets, k, indices[b][k]);
+          checked.store(true, std::memory_order_relaxed);
+        }
       } catch (const DatasetError&) {
         errors[b] = std::current_exception();
       }

@@ -3,6 +3,7 @@
 // prefetched by a background reader.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -32,6 +33,7 @@ struct LoaderConfig {
   // keeps up when copying samples out of the file is slower than streaming them on.
   std::size_t reader_threads = 1;
   // NaN or infinity in a float array of a batch is a DatasetError naming split, sample, element.
+  // Each sample is scanned the first time this loader reads it (the file does not change).
   bool check_finite = true;
 };
 
@@ -109,6 +111,8 @@ class Loader {
   std::vector<std::byte> take_buffer(std::size_t bytes) const;
   mutable std::mutex spare_mutex_;
   mutable std::vector<std::vector<std::byte>> spare_;
+  // Per sample of the split: already found finite (see LoaderConfig::check_finite).
+  std::unique_ptr<std::atomic<bool>[]> finite_checked_;
   mutable std::mutex stats_mutex_;
   mutable Stats stats_;
   std::unique_ptr<Prefetcher> prefetcher_;  // last: stopped before the rest is destroyed

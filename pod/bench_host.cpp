@@ -1,8 +1,14 @@
 // `ipupod bench host`: streams a converted data set to N IPU clients over real TCP (StreamServer,
 // StreamClient, the Loader's shuffled shards) and compares with a plain sequential HDF5 read loop.
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -38,6 +44,7 @@ struct HostBenchOptions {
   std::size_t warm_up_epochs = 1;
   double device_ms_per_step = 0;
   bool shuffle = true;
+  bool cold_cache = false;
   std::uint64_t seed = 0;
 };
 
@@ -66,6 +73,20 @@ double median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
+// Evicts the data file's pages from the operating system's page cache (clean pages of a file
+// nobody maps), so the next pass reads from the storage device as a data set larger than memory
+// would. No privileges needed; a no-op the kernel may refuse is reported.
+void evict_from_page_cache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw std::runtime_error("cannot open " + path + " to evict it from the page cache");
+  const int status = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+  if (status != 0) {
+    throw std::runtime_error("posix_fadvise(DONTNEED) on " + path + " failed (" +
+                             std::strerror(status) + "); run without --cold-cache");
+  }
+}
+
 // The peer: every row of inputs and targets, in file order, in blocks, into one reused buffer.
 // With warm-up passes, only the last pass is timed (the file stays open, the buffer allocated).
 double raw_read_bytes_per_s(const HostBenchOptions& o, std::size_t& bytes, double& cpu_seconds) {
@@ -75,7 +96,8 @@ double raw_read_bytes_per_s(const HostBenchOptions& o, std::size_t& bytes, doubl
   const host::h5::Group group = file.open_group(o.split);
   std::vector<std::byte> buffer;
   for (std::size_t pass = 0; pass <= o.warm_up_epochs; ++pass) {
-    if (pass == o.warm_up_epochs && pass > 0) {
+    if (pass == o.warm_up_epochs && (pass > 0 || o.cold_cache)) {
+      if (o.cold_cache) evict_from_page_cache(o.data);
       start = Clock::now();
       cpu_start = process_cpu_seconds();
     }
@@ -137,6 +159,7 @@ StreamResult stream_epoch(const HostBenchOptions& o) {
   std::vector<std::unique_ptr<host::StreamClient>> clients;
   for (auto& pending : connecting) clients.push_back(pending.get());
 
+  if (o.cold_cache) evict_from_page_cache(o.data);
   const auto start = Clock::now();
   const double cpu_start = process_cpu_seconds();
   host::Loader loader({.path = o.data,
@@ -236,6 +259,59 @@ StreamResult stream_epoch(const HostBenchOptions& o) {
   return result;
 }
 
+// The network's ceiling on this machine: the same bytes per client in frames of the same size,
+// written from one ready buffer and read into one reused buffer over plain blocking loopback
+// sockets (no file, no framing, no checksum, no flow control): what any TCP streaming could reach.
+double plain_tcp_bytes_per_s(const HostBenchOptions& o, std::size_t bytes_per_client,
+                             std::size_t frame_bytes) {
+  namespace ip = boost::asio::ip;
+  boost::asio::io_context io;
+  ip::tcp::acceptor acceptor(io, ip::tcp::endpoint(ip::make_address("127.0.0.1"), 0));
+  std::vector<ip::tcp::socket> senders, receivers;
+  for (std::size_t c = 0; c < o.clients; ++c) {
+    receivers.emplace_back(io);
+    receivers.back().connect(acceptor.local_endpoint());
+    senders.push_back(acceptor.accept());
+    senders.back().set_option(ip::tcp::no_delay(true));
+  }
+  const std::vector<std::byte> source(frame_bytes, std::byte{1});
+  double elapsed = 0;
+  for (std::size_t pass = 0; pass <= o.warm_up_epochs; ++pass) {
+    const auto start = Clock::now();
+    std::vector<std::thread> threads;
+    std::vector<std::exception_ptr> failures(2 * o.clients);
+    for (std::size_t c = 0; c < o.clients; ++c) {
+      threads.emplace_back([&, c] {
+        try {
+          for (std::size_t sent = 0; sent < bytes_per_client; sent += frame_bytes) {
+            const std::size_t n = std::min(frame_bytes, bytes_per_client - sent);
+            boost::asio::write(senders[c], boost::asio::buffer(source.data(), n));
+          }
+        } catch (...) {
+          failures[c] = std::current_exception();
+        }
+      });
+      threads.emplace_back([&, c] {
+        try {
+          std::vector<std::byte> sink(frame_bytes);
+          for (std::size_t got = 0; got < bytes_per_client; got += frame_bytes) {
+            const std::size_t n = std::min(frame_bytes, bytes_per_client - got);
+            boost::asio::read(receivers[c], boost::asio::buffer(sink.data(), n));
+          }
+        } catch (...) {
+          failures[o.clients + c] = std::current_exception();
+        }
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    for (const auto& failure : failures) {
+      if (failure) std::rethrow_exception(failure);
+    }
+    elapsed = seconds_since(start);
+  }
+  return static_cast<double>(bytes_per_client * o.clients) / elapsed;
+}
+
 std::string rate(double bytes_per_s) {
   std::ostringstream text;
   text << std::fixed << std::setprecision(1) << bytes_per_s / 1e6 << " MB/s";
@@ -248,9 +324,12 @@ int run_host_bench(const HostBenchOptions& o) {
                  "at least 1\n";
     return 2;
   }
+  std::size_t frame_bytes = 0;  // one replica's inputs per host step, the largest frame
   try {
     const host::DatasetFile file(o.data);
     const host::SplitInfo info = file.info(o.split);
+    frame_bytes = o.samples_per_step * host::shape_elements(info.inputs.sample_shape) *
+                  host::dtype_size(info.inputs.dtype);
     std::cout << "ipupod bench host: " << o.data << " /" << o.split << ": " << info.samples
               << " samples of " << host::dtype_name(info.inputs.dtype)
               << host::shape_string(info.inputs.sample_shape) << "; " << o.clients
@@ -258,7 +337,11 @@ int run_host_bench(const HostBenchOptions& o) {
               << " samples per replica step, " << (o.shuffle ? "shuffled" : "in file order")
               << ", prefetch " << o.prefetch_steps << " steps by " << o.reader_threads
               << " threads, " << o.credits << " credits; " << o.warm_up_epochs
-              << " warm-up epoch(s) per run; reads "
+              << " warm-up epoch(s) per run"
+              << (o.cold_cache ? ", page cache emptied before each"
+                                 " timed pass"
+                               : "")
+              << "; reads "
               << (file.reads_directly(o.split, host::Field::inputs) ? "directly (mapped file)"
                                                                     : "through HDF5")
               << "; " << o.runs << " runs" << std::endl;
@@ -267,14 +350,17 @@ int run_host_bench(const HostBenchOptions& o) {
     return 2;
   }
   try {
-    std::vector<double> raw_rates, stream_rates, ratios, waits, cpu_ratios;
+    std::vector<double> raw_rates, stream_rates, tcp_rates, ratios, tcp_ratios, waits, cpu_ratios;
     std::cout << std::fixed;
     for (std::size_t run = 0; run < o.runs; ++run) {
       std::size_t raw_bytes = 0;
       double raw_cpu = 0;
       const double raw = raw_read_bytes_per_s(o, raw_bytes, raw_cpu);
       const StreamResult streamed = stream_epoch(o);
+      const double tcp = plain_tcp_bytes_per_s(o, streamed.bytes / o.clients, frame_bytes);
       raw_rates.push_back(raw);
+      tcp_rates.push_back(tcp);
+      tcp_ratios.push_back(streamed.bytes_per_s / tcp);
       stream_rates.push_back(streamed.bytes_per_s);
       ratios.push_back(streamed.bytes_per_s / raw);
       waits.push_back(streamed.wait_fraction);
@@ -290,7 +376,8 @@ int run_host_bench(const HostBenchOptions& o) {
                 << " batches prefetched, " << streamed.synchronous << " read synchronously), ratio "
                 << streamed.bytes_per_s / raw << ", CPU-cost ratio " << cpu_ratio
                 << ", clients waited " << std::setprecision(1) << 100 * streamed.wait_fraction
-                << "% of the time" << std::endl;
+                << "% of the time; plain TCP " << rate(tcp) << ", streamed/plain TCP "
+                << std::setprecision(3) << streamed.bytes_per_s / tcp << std::endl;
     }
     const double ratio = median(ratios);
     std::cout << "median of " << o.runs << ": raw sequential HDF5 read " << rate(median(raw_rates))
@@ -299,6 +386,11 @@ int run_host_bench(const HostBenchOptions& o) {
               << " (target >= 0.9: " << (ratio >= 0.9 ? "met" : "not met") << "), CPU-cost ratio "
               << median(cpu_ratios) << ", clients waited " << std::setprecision(1)
               << 100 * median(waits) << "% of the time" << std::endl;
+    std::cout << "network ceiling: plain loopback TCP (" << o.clients
+              << " sockets, same bytes and frame size, no file or checks) "
+              << rate(median(tcp_rates)) << ", i.e. " << std::setprecision(3)
+              << median(tcp_rates) / median(raw_rates) << "x the raw read; streamed/plain TCP "
+              << median(tcp_ratios) << std::endl;
     return 0;
   } catch (const host::DatasetError& e) {
     std::cerr << "ipupod bench host: " << e.what() << "\n";
@@ -342,11 +434,26 @@ void add_host_bench(CLI::App& bench, int& exit_code) {
       ->capture_default_str();
   host->add_option("--seed", options->seed, "Shuffle seed")->capture_default_str();
   host->add_flag("!--no-shuffle", options->shuffle, "Stream each epoch in file order");
+  CLI::Option* cold = host->add_flag(
+      "--cold-cache", options->cold_cache,
+      "Evict the file from the page cache before each timed pass (raw read and streamed epoch), "
+      "as for a data set larger than memory; measures the first pass (--warm-up-epochs 0)");
   host->footer(
       "Make the data first, e.g.\n"
       "  ipupod data fashion-mnist --out fashion-mnist.h5\n"
       "  ipupod bench host --data fashion-mnist.h5 --clients 4");
-  host->callback([options, &exit_code] { exit_code = run_host_bench(*options); });
+  host->callback([options, host, cold, &exit_code] {
+    if (*cold) {
+      if (host->count("--warm-up-epochs") > 0 && options->warm_up_epochs > 0) {
+        std::cerr << "ipupod bench host: --cold-cache measures the first pass of each run; "
+                     "drop --warm-up-epochs or set it to 0\n";
+        exit_code = 2;
+        return;
+      }
+      options->warm_up_epochs = 0;
+    }
+    exit_code = run_host_bench(*options);
+  });
 }
 
 }  // namespace ipupod::pod
