@@ -117,14 +117,7 @@ void validate(const CompileConfig& c) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string("--arch: ") + e.what());
   }
-  if (c.train.pipeline_schedule != "grouped" && c.train.pipeline_schedule != "sequential")
-    throw UsageError("--pipeline-schedule must be grouped or sequential, got '" +
-                     c.train.pipeline_schedule + "'");
-  if (c.train.stages > 1 && c.train.pipeline_schedule == "grouped" &&
-      c.train.gradient_accumulation < c.train.stages)
-    throw UsageError("--gradient-accumulation " + std::to_string(c.train.gradient_accumulation) +
-                     " is smaller than --stages " + std::to_string(c.train.stages) +
-                     ": the grouped pipeline needs at least one micro-batch per stage");
+  validate_pipeline(c.train);
   for (std::size_t s : c.only_stages)
     if (s >= c.train.stages)
       throw UsageError("--stage " + std::to_string(s) + " does not exist: stages are 0 to " +
@@ -156,7 +149,8 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage) {
                                             .replicas = 1,
                                             .stages = c.train.stages,
                                             .stage = stage,
-                                            .grouped = c.train.pipeline_schedule == "grouped"},
+                                            .grouped = c.train.pipeline_schedule == "grouped",
+                                            .recompute = c.train.recompute},
                                            &eval_model);
   const double lower_seconds = seconds_since(start);
   const auto engine_start = std::chrono::steady_clock::now();

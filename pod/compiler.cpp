@@ -162,6 +162,45 @@ Transfers plan_transfers(const models::Model& m, const std::vector<models::Value
   return out;
 }
 
+// Recomputation in the grouped pipeline: the forward ops of `stage` worth running again before
+// its backward pass (those whose results the backward pass reads, directly or through other
+// recomputed ops) and that give the same result when run again: not random draws, not in-place
+// state updates, not readers of state such an update changes within the forward pass.
+std::set<const models::Op*> recomputed_ops(const models::Graph& g, int stage) {
+  const auto on_stage = [&](const models::Op& op, Phase phase) {
+    return op.phase == phase && op.pipeline_stage == stage && op.kind != OpKind::sgd_step;
+  };
+  std::set<models::ValueId> updated_state, needed;
+  for (const auto& op : g.ops()) {
+    if (on_stage(op, Phase::forward) && !op.output)
+      for (models::ValueId v : op.inputs)
+        if (g.producer(v).kind == OpKind::state) updated_state.insert(v);
+    if (on_stage(op, Phase::backward)) needed.insert(op.inputs.begin(), op.inputs.end());
+  }
+  std::set<const models::Op*> out;
+  const auto& ops = g.ops();
+  for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
+    const models::Op& op = *it;
+    if (!on_stage(op, Phase::forward) || !op.output || !needed.count(*op.output)) continue;
+    switch (op.kind) {
+      case OpKind::input:
+      case OpKind::parameter:
+      case OpKind::state:
+      case OpKind::constant:
+      case OpKind::random_mask:
+        continue;
+      default:
+        break;
+    }
+    bool reads_updated_state = false;
+    for (models::ValueId v : op.inputs) reads_updated_state |= updated_state.count(v) > 0;
+    if (reads_updated_state) continue;
+    out.insert(&op);
+    needed.insert(op.inputs.begin(), op.inputs.end());
+  }
+  return out;
+}
+
 class Lowering {
  public:
   explicit Lowering(CompiledModel& out) : out_(out) {}
@@ -176,7 +215,11 @@ class Lowering {
   // Lowers every op of the phase that belongs to `stage` into prog, in graph order: values
   // from other stages are received just before their first use here, values other stages
   // use are sent as soon as they are made.
-  void lower_phase(Phase phase, ipu::Program& prog, int stage, const Transfers& transfers) {
+  // The ops in `recomputed` are also added to *recompute (without their transfers): the same
+  // programs on the same tensors, run again before the backward pass.
+  void lower_phase(Phase phase, ipu::Program& prog, int stage, const Transfers& transfers,
+                   const std::set<const models::Op*>& recomputed = {},
+                   ipu::Program* recompute = nullptr) {
     for (const auto& op : model_->graph.ops()) {
       if (op.phase != phase || op.kind == OpKind::sgd_step || op.pipeline_stage != stage) continue;
       for (models::ValueId v : op.inputs) {
@@ -187,7 +230,14 @@ class Lowering {
         else
           receive(v, stage, transfers, prog);
       }
-      lower(op, prog);
+      if (recompute && recomputed.count(&op)) {
+        ipu::Program piece;
+        lower(op, piece);
+        prog.add(piece);
+        recompute->add(piece);
+      } else {
+        lower(op, prog);
+      }
       if (op.output) send(*op.output, stage, transfers, prog);
     }
   }
@@ -536,8 +586,14 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   lowering.set_model(model, true);
   const Transfers transfers = plan_transfers(model, {model.loss}, 0);
 
-  ipu::Program forward, backward;
-  lowering.lower_phase(Phase::forward, forward, stage, transfers);
+  ipu::Program forward, backward, recompute;
+  // Only a stage whose activations wait in a stash (grouped pipeline, not the last stage)
+  // recomputes; it then stashes only what the recomputation cannot make again.
+  const bool recomputing = shape.recompute && shape.grouped && stages > 1 && stage < stages - 1;
+  const std::set<const models::Op*> recomputed =
+      recomputing ? recomputed_ops(model.graph, stage) : std::set<const models::Op*>{};
+  lowering.lower_phase(Phase::forward, forward, stage, transfers, recomputed,
+                       recomputing ? &recompute : nullptr);
   const std::vector<models::ValueId> forward_values = lowering.lowered();
   lowering.lower_phase(Phase::backward, backward, stage, transfers);
   const bool host_side = stage == 0;
@@ -624,14 +680,18 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
     out.stash_slots = depth;
     std::vector<std::vector<std::pair<ipu::Tensor, ipu::Tensor>>> stash(depth);
     if (depth > 1) {
+      // What the backward pass (and the recomputation, which re-makes its own outputs) reads.
       std::set<models::ValueId> used_backward;
       for (const auto& op : model.graph.ops())
         if (op.phase == Phase::backward && op.pipeline_stage == stage)
           used_backward.insert(op.inputs.begin(), op.inputs.end());
+      for (const models::Op* op : recomputed)
+        used_backward.insert(op->inputs.begin(), op->inputs.end());
       for (models::ValueId v : forward_values) {
-        const auto kind = model.graph.producer(v).kind;
+        const models::Op& producer = model.graph.producer(v);
+        const auto kind = producer.kind;
         if (!used_backward.count(v) || kind == OpKind::parameter || kind == OpKind::state ||
-            kind == OpKind::constant)
+            kind == OpKind::constant || recomputed.count(&producer))
           continue;
         const ipu::Tensor& t = lowering.tensor(v);
         for (std::size_t slot = 0; slot < depth; ++slot)
@@ -658,6 +718,7 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
       }
       if (b >= 0 && b < kk) {
         if (depth > 1) slot.add(stash_copy(static_cast<std::size_t>(b) % depth, true));
+        if (recomputing) slot.add(recompute);
         slot.add(backward_mb);
       }
       slot.add(ipu::Program::sync(ipu::SyncKind::external));

@@ -29,6 +29,10 @@ struct StepShape {
   // Graphcore's grouped pipeline (ramp-up, main phase, ramp-down, activation stashes), or
   // sequential (sharded) execution: one micro-batch at a time through every stage.
   bool grouped = true;
+  // Grouped pipeline: stash only what a stage's forward pass cannot make again (its received
+  // activations, host inputs, random draws) and re-run the forward ops before the backward pass,
+  // trading compute for stash memory (PopTorch's pipelined recomputation).
+  bool recompute = false;
 };
 
 struct CompiledModel {

@@ -7,6 +7,24 @@
 
 namespace ipupod::pod {
 
+void validate_pipeline(const TrainConfig& c) {
+  if (c.pipeline_schedule != "grouped" && c.pipeline_schedule != "sequential")
+    throw UsageError("--pipeline-schedule must be grouped or sequential, got '" +
+                     c.pipeline_schedule + "'");
+  if (c.stages > 1 && c.pipeline_schedule == "grouped" && c.gradient_accumulation < c.stages)
+    throw UsageError("--gradient-accumulation " + std::to_string(c.gradient_accumulation) +
+                     " is smaller than --stages " + std::to_string(c.stages) +
+                     ": the grouped pipeline needs at least one micro-batch per stage in "
+                     "flight; raise --gradient-accumulation to " +
+                     std::to_string(c.stages) + " or more, or use --pipeline-schedule sequential");
+  if (c.recompute && (c.stages < 2 || c.pipeline_schedule != "grouped"))
+    throw UsageError(
+        "--recompute trades compute for the activation stashes of the grouped pipeline, which "
+        "needs --stages 2 or more and --pipeline-schedule grouped (this run has " +
+        std::to_string(c.stages) + " stage(s), " + c.pipeline_schedule +
+        "); drop --recompute or split the model");
+}
+
 void validate(const TrainConfig& c, int world_size) {
   const auto positive = [](std::size_t v, const char* option) {
     if (v == 0) throw UsageError(std::string(option) + " must be at least 1, got 0");
@@ -44,15 +62,7 @@ void validate(const TrainConfig& c, int world_size) {
   } catch (const std::exception& e) {
     throw UsageError(std::string("--topology: ") + e.what());
   }
-  if (c.pipeline_schedule != "grouped" && c.pipeline_schedule != "sequential")
-    throw UsageError("--pipeline-schedule must be grouped or sequential, got '" +
-                     c.pipeline_schedule + "'");
-  if (c.stages > 1 && c.pipeline_schedule == "grouped" && c.gradient_accumulation < c.stages)
-    throw UsageError("--gradient-accumulation " + std::to_string(c.gradient_accumulation) +
-                     " is smaller than --stages " + std::to_string(c.stages) +
-                     ": the grouped pipeline needs at least one micro-batch per stage in "
-                     "flight; raise --gradient-accumulation to " +
-                     std::to_string(c.stages) + " or more, or use --pipeline-schedule sequential");
+  validate_pipeline(c);
   if (!(c.learning_rate > 0)) throw UsageError("--learning-rate must be positive");
   if (c.optimizer != "sgd" && c.optimizer != "sgd_momentum" && c.optimizer != "adam" &&
       c.optimizer != "adamw")
@@ -81,6 +91,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"topology", c.topology},
           {"replicas", c.replicas},
           {"stages", c.stages},
+          {"recompute", c.recompute},
           {"micro_batch", c.micro_batch},
           {"gradient_accumulation", c.gradient_accumulation},
           {"device_iterations", c.device_iterations},

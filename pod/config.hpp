@@ -28,6 +28,7 @@ struct TrainConfig {
   std::size_t replicas = 1;
   std::size_t stages = 1;
   std::string pipeline_schedule = "grouped";  // or "sequential" (sharded, for debugging)
+  bool recompute = false;  // grouped pipeline: re-run forward ops instead of stashing activations
   std::size_t micro_batch = 16;
   std::size_t gradient_accumulation = 1;
   std::size_t device_iterations = 1;
@@ -60,6 +61,8 @@ struct TrainConfig {
   std::size_t global_batch() const { return micro_batch * gradient_accumulation * replicas; }
 };
 
+// The pipeline options (schedule, accumulation vs stages, recomputation); throws UsageError.
+void validate_pipeline(const TrainConfig& config);
 // Checks the options on their own and against the MPI world size; throws UsageError.
 void validate(const TrainConfig& config, int world_size);
 

@@ -116,7 +116,8 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
                                             .replicas = config.replicas,
                                             .stages = config.stages,
                                             .stage = static_cast<std::size_t>(stage),
-                                            .grouped = config.pipeline_schedule == "grouped"},
+                                            .grouped = config.pipeline_schedule == "grouped",
+                                            .recompute = config.recompute},
                                            &eval_model);
   ipu::Engine engine(*compiled.graph, compiled.programs,
                      {.allow_out_of_memory = config.allow_out_of_memory,

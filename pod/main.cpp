@@ -4,7 +4,12 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "datasets/cli.hpp"
 #include "pod/bench.hpp"
@@ -35,6 +40,9 @@ CLI::Option* add_model_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--pipeline-schedule", c.pipeline_schedule,
                  "grouped (ramp-up, main, ramp-down with activation stashes) or sequential")
       ->capture_default_str();
+  app.add_flag("--recompute", c.recompute,
+               "Grouped pipeline: stash only what a stage's forward pass cannot make again and "
+               "re-run its forward ops before the backward pass (less memory, more compute)");
   app.add_option("--micro-batch", c.micro_batch, "Samples per micro-batch on each replica")
       ->capture_default_str();
   CLI::Option* accumulation =
@@ -45,6 +53,85 @@ CLI::Option* add_model_options(CLI::App& app, TrainConfig& c) {
                  "Optimizer steps the device runs per host step (PopTorch deviceIterations)")
       ->capture_default_str();
   return accumulation;
+}
+
+// --config FILE.json: the options of a run kept in a file. Listed in --help; the file is read
+// before parsing (expand_config_file) so its options go through the same checks.
+void add_config_file_option(CLI::App& app) {
+  app.add_option("--config",
+                 "A JSON object of options named like the long options, e.g. "
+                 "{\"model\": \"hae\", \"micro-batch\": 8, \"hidden\": [64, 32], "
+                 "\"recompute\": true}; options on the command line win")
+      ->type_name("FILE");
+}
+
+// Bad usage found while reading a config file (exit code 2).
+struct ConfigFileError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// argv with the options of `--config FILE` of the subcommand inserted after the subcommand's
+// name, except those also given on the command line.
+std::vector<std::string> expand_config_file(CLI::App& app, std::vector<std::string> args) {
+  if (args.size() < 2) return args;
+  CLI::App* sub = nullptr;
+  for (CLI::App* candidate : app.get_subcommands([](CLI::App*) { return true; }))
+    if (candidate->get_name() == args[1]) sub = candidate;
+  if (!sub || !sub->get_option_no_throw("--config")) return args;
+  std::string path;
+  for (std::size_t i = 2; i < args.size(); ++i) {
+    if (args[i] == "--config" && i + 1 < args.size()) path = args[i + 1];
+    if (args[i].rfind("--config=", 0) == 0) path = args[i].substr(9);
+  }
+  if (path.empty()) return args;
+  std::ifstream in(path);
+  if (!in) throw ConfigFileError("--config: cannot read '" + path + "'; check the path");
+  nlohmann::json options;
+  try {
+    options = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigFileError("--config: '" + path + "' is not valid JSON: " + e.what());
+  }
+  if (!options.is_object())
+    throw ConfigFileError("--config: '" + path +
+                          "' must hold a JSON object of options, e.g. {\"micro-batch\": 8}");
+  const auto given = [&](const std::string& name) {
+    for (std::size_t i = 2; i < args.size(); ++i)
+      if (args[i] == name || args[i].rfind(name + "=", 0) == 0) return true;
+    return false;
+  };
+  std::vector<std::string> inserted;
+  for (const auto& [key, value] : options.items()) {
+    std::string name = "--" + key;
+    std::replace(name.begin(), name.end(), '_', '-');
+    const CLI::Option* option = sub->get_option_no_throw(name);
+    if (!option || name == "--config" || name == "--help")
+      throw ConfigFileError("--config: '" + path + "' names '" + key +
+                            "', which is not an option "
+                            "of `ipupod " +
+                            args[1] + "` (see --help)");
+    if (given(name)) continue;
+    const auto text = [&](const nlohmann::json& v) {
+      if (v.is_string()) return v.get<std::string>();
+      if (v.is_primitive()) return v.dump();
+      throw ConfigFileError("--config: '" + key + "' in '" + path +
+                            "' must be a string, number, boolean or list of them");
+    };
+    if (option->get_type_size() == 0 || option->get_expected_min() == 0) {  // a flag
+      if (!value.is_boolean())
+        throw ConfigFileError("--config: '" + key + "' in '" + path + "' is a flag: true or false");
+      if (value.get<bool>()) inserted.push_back(name);
+      continue;
+    }
+    inserted.push_back(name);
+    if (value.is_array()) {
+      for (const auto& v : value) inserted.push_back(text(v));
+    } else {
+      inserted.push_back(text(value));
+    }
+  }
+  args.insert(args.begin() + 2, inserted.begin(), inserted.end());
+  return args;
 }
 
 void add_train_options(CLI::App& train, TrainConfig& c) {
@@ -151,6 +238,7 @@ int main(int argc, char** argv) {
   TrainConfig train_config;
   CLI::App* train = app.add_subcommand("train", "Train a model on the emulated pod (under mpirun)");
   add_train_options(*train, train_config);
+  add_config_file_option(*train);
 
   ipupod::pod::CompileConfig compile_config;
   compile_config.train.micro_batch = 1;
@@ -159,6 +247,7 @@ int main(int argc, char** argv) {
       "compile",
       "Compile a model's pipeline stages for an architecture and report whether they fit");
   CLI::Option* compile_accumulation = add_compile_options(*compile, compile_config);
+  add_config_file_option(*compile);
 
   ipupod::pod::InfoRequest info_request;
   CLI::App* info = app.add_subcommand("info", "List architectures, topologies, codelets, models");
@@ -182,7 +271,14 @@ int main(int argc, char** argv) {
   ipupod::pod::add_matmul_bench(*bench, bench_exit_code);
 
   try {
-    app.parse(argc, argv);
+    std::vector<std::string> args(argv, argv + argc);
+    args = expand_config_file(app, std::move(args));
+    std::vector<char*> expanded;
+    for (auto& a : args) expanded.push_back(a.data());
+    app.parse(static_cast<int>(expanded.size()), expanded.data());
+  } catch (const ConfigFileError& e) {
+    std::cerr << "ipupod: " << e.what() << "\n";
+    return 2;
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;

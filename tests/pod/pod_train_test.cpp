@@ -64,10 +64,15 @@ TEST_F(PodTrain, PipelinedStagesOverMpiTrainLikeOneIpu) {
     return nlohmann::json::parse(read(run_dir / "summary.json"));
   };
   const auto reference = summary_of(dir() / "one");
-  for (const std::string schedule : {"grouped", "sequential"}) {
+  // The third run takes its pipeline options from a config file, and recomputes.
+  const fs::path config = dir() / "recompute.json";
+  std::ofstream(config) << R"({"stages": 2, "pipeline_schedule": "grouped", "recompute": true})";
+  for (const std::string schedule : {"grouped", "sequential", "recompute"}) {
     const fs::path run_dir = dir() / ("two-stages-" + schedule);
-    const Result r =
-        run(mpirun(3) + common + run_dir.string() + " --stages 2 --pipeline-schedule " + schedule);
+    const std::string options = schedule == "recompute"
+                                    ? " --config " + config.string()
+                                    : " --stages 2 --pipeline-schedule " + schedule;
+    const Result r = run(mpirun(3) + common + run_dir.string() + options);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto summary = summary_of(run_dir);
     EXPECT_EQ(summary.at("test_loss"), reference.at("test_loss")) << schedule;
@@ -84,6 +89,7 @@ TEST_F(PodTrain, PipelinedStagesOverMpiTrainLikeOneIpu) {
     const auto memory = nlohmann::json::parse(read(run_dir / "memory.json"));
     ASSERT_TRUE(memory[0].contains("later_stages")) << memory[0].dump().substr(0, 300);
     EXPECT_EQ(memory[0].at("later_stages").size(), 1u);
+    EXPECT_EQ(summary.at("config").at("recompute").get<bool>(), schedule == "recompute");
   }
   // The grouped pipeline needs at least one micro-batch per stage.
   expect_bad_input(run(mpirun(3) + "train --model mlp --data " + data().string() +
@@ -219,11 +225,20 @@ TEST_F(PodTrain, GlobalBatchLargerThanTheDataIsBadInput) {
 
 TEST_F(PodTrain, UsageErrorsExitTwoAndHelpDescribesEveryOption) {
   expect_bad_input(run(std::string(IPUPOD_BINARY) + " train --replicas 2"), "--data is required");
+  const std::string train = std::string(IPUPOD_BINARY) + " train --data " + data().string();
+  expect_bad_input(run(train + " --recompute"), "needs --stages 2 or more");
+  expect_bad_input(run(train + " --config " + (dir() / "absent.json").string()), "cannot read");
+  const fs::path config = dir() / "typo.json";
+  std::ofstream(config) << R"({"micro_batch": 4, "replica": 2})";
+  expect_bad_input(run(train + " --config " + config.string()),
+                   "names 'replica', which is not an option of `ipupod train`");
+  std::ofstream(config) << "micro-batch = 4";
+  expect_bad_input(run(train + " --config " + config.string()), "is not valid JSON");
   const Result help = run(std::string(IPUPOD_BINARY) + " train --help");
   EXPECT_EQ(help.exit_code, 0);
   for (const char* option :
        {"--model", "--data", "--replicas", "--stages", "--micro-batch", "--gradient-accumulation",
-        "--device-iterations", "--epochs", "--arch", "--run-dir"})
+        "--device-iterations", "--epochs", "--arch", "--run-dir", "--config", "--recompute"})
     EXPECT_NE(help.output.find(option), std::string::npos) << option;
 }
 
