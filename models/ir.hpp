@@ -249,6 +249,8 @@ class Graph {
   void set_recompute(bool on) { recompute_ = on; }
   Phase phase() const { return phase_; }
   int stage() const { return stage_; }
+  // Moves an op already built to another stage (the automatic pipeline split, before autodiff).
+  void set_op_stage(std::size_t op_index, int stage) { ops_.at(op_index).pipeline_stage = stage; }
 
   const std::vector<Op>& ops() const { return ops_; }
   const std::vector<Value>& values() const { return values_; }

@@ -133,7 +133,14 @@ Model build_model(const std::string& name, const ModelOptions& options) {
   Model m;
   m.name = name;
   Builder b(m.graph, options.training, options.seed);
-  it->second(m, b, options);
+  if (options.assign_stages) {
+    ModelOptions unsplit = options;
+    unsplit.pipeline_stages = 1;
+    it->second(m, b, unsplit);
+    options.assign_stages(m.graph);
+  } else {
+    it->second(m, b, options);
+  }
   m.graph.set_stage(0);
   m.gradients = build_backward(m.graph, m.loss, options.optimizer.loss_scale);
   build_optimizer(m.graph, m.gradients, options.learning_rate, options.optimizer);

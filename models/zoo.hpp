@@ -2,6 +2,7 @@
 // step, ready for the interpreter or the pod compiler.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -26,6 +27,9 @@ struct ModelOptions {
   double depth = 1.0;               // block repeat multiplier
   std::size_t pipeline_stages = 1;  // how many stages the model's split marks divide it into
   std::uint64_t seed = 0;           // dropout / stochastic-depth streams
+  // When set, places the forward ops (built unsplit) on pipeline stages instead of the model's
+  // split marks, before autodiff (see models/pipeline_split.hpp).
+  std::function<void(Graph&)> assign_stages;
 };
 
 // What the model's outputs are scored by: class labels (accuracy), a field to reconstruct

@@ -15,6 +15,7 @@
 #include "ipu_process/engine.hpp"
 #include "pod/compiler.hpp"
 #include "pod/report.hpp"
+#include "pod/train.hpp"
 #include "pod/wire.hpp"
 
 namespace ipupod::pod {
@@ -125,7 +126,9 @@ void validate(const CompileConfig& c) {
   // The model itself: a sample shape it cannot take, or fewer split units than stages.
   models::Model model;
   try {
-    model = models::build_model(c.train.model, model_options(c));
+    models::ModelOptions options = model_options(c);
+    use_automatic_split(c.train, options, nullptr);
+    model = models::build_model(c.train.model, options);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
@@ -140,8 +143,11 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage) {
   const ipu::ArchPreset& arch = ipu::ArchPreset::get(c.train.arch);
   const auto start = std::chrono::steady_clock::now();
   models::ModelOptions options = model_options(c);
+  use_automatic_split(c.train, options, nullptr);
   const models::Model model = models::build_model(c.train.model, options);
+  options = model_options(c);
   options.training = false;
+  follow_automatic_split(c.train, model, options);
   const models::Model eval_model = models::build_model(c.train.model, options);
   CompiledModel compiled = compile_for_ipu(model, arch,
                                            {.gradient_accumulation = c.train.gradient_accumulation,
@@ -287,6 +293,13 @@ int run_compile(const CompileConfig& c, MPI_Comm world) {
   } catch (const UsageError& e) {
     if (rank == 0) std::cerr << "ipupod compile: " << e.what() << "\n";
     return 2;
+  }
+  if (rank == 0 && c.train.split == "auto" && c.train.stages > 1) {
+    models::ModelOptions options = model_options(c);
+    models::SplitPlan plan;
+    use_automatic_split(c.train, options, &plan);
+    models::build_model(c.train.model, options);
+    std::cout << "ipupod compile: " << describe_split(plan) << std::endl;
   }
   std::vector<std::size_t> stages;
   for (std::size_t s = 0; s < c.train.stages; ++s)

@@ -17,6 +17,9 @@ void validate_pipeline(const TrainConfig& c) {
                      ": the grouped pipeline needs at least one micro-batch per stage in "
                      "flight; raise --gradient-accumulation to " +
                      std::to_string(c.stages) + " or more, or use --pipeline-schedule sequential");
+  if (c.split != "model" && c.split != "auto")
+    throw UsageError("--split must be model (the model's split marks) or auto, got '" + c.split +
+                     "'");
   if (c.recompute && (c.stages < 2 || c.pipeline_schedule != "grouped"))
     throw UsageError(
         "--recompute trades compute for the activation stashes of the grouped pipeline, which "
@@ -92,6 +95,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"replicas", c.replicas},
           {"stages", c.stages},
           {"recompute", c.recompute},
+          {"split", c.split},
           {"micro_batch", c.micro_batch},
           {"gradient_accumulation", c.gradient_accumulation},
           {"device_iterations", c.device_iterations},
@@ -118,6 +122,7 @@ std::vector<std::string> resume_differences(const TrainConfig& c, const nlohmann
                                        "topology",
                                        "replicas",
                                        "stages",
+                                       "split",
                                        "micro_batch",
                                        "gradient_accumulation",
                                        "device_iterations",

@@ -29,6 +29,7 @@ struct TrainConfig {
   std::size_t stages = 1;
   std::string pipeline_schedule = "grouped";  // or "sequential" (sharded, for debugging)
   bool recompute = false;  // grouped pipeline: re-run forward ops instead of stashing activations
+  std::string split = "model";  // stages from the model's split marks, or "auto" (balanced)
   std::size_t micro_batch = 16;
   std::size_t gradient_accumulation = 1;
   std::size_t device_iterations = 1;

@@ -105,11 +105,16 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
   if (startup.status != 0) return startup.status;
 
   const ipu::ArchPreset& arch = ipu::ArchPreset::get(config.arch);
-  const models::Model model =
-      models::build_model(config.model, model_options(config, startup, true));
+  models::ModelOptions training_options = model_options(config, startup, true);
+  models::SplitPlan split_plan;
+  use_automatic_split(config, training_options, &split_plan);
+  const models::Model model = models::build_model(config.model, training_options);
+  if (rank == 1 && !split_plan.stages.empty())
+    std::cout << "ipupod: " << describe_split(split_plan) << std::endl;
   // Evaluation uses the inference-mode model (running statistics, no dropout), same weights.
-  const models::Model eval_model =
-      models::build_model(config.model, model_options(config, startup, false));
+  models::ModelOptions eval_options = model_options(config, startup, false);
+  follow_automatic_split(config, model, eval_options);
+  const models::Model eval_model = models::build_model(config.model, eval_options);
   CompiledModel compiled = compile_for_ipu(model, arch,
                                            {.gradient_accumulation = config.gradient_accumulation,
                                             .device_iterations = config.device_iterations,

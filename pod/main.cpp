@@ -40,6 +40,10 @@ CLI::Option* add_model_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--pipeline-schedule", c.pipeline_schedule,
                  "grouped (ramp-up, main, ramp-down with activation stashes) or sequential")
       ->capture_default_str();
+  app.add_option("--split", c.split,
+                 "Pipeline split: model (the model's own split marks) or auto (contiguous stages "
+                 "balancing estimated cycles under each IPU's memory)")
+      ->capture_default_str();
   app.add_flag("--recompute", c.recompute,
                "Grouped pipeline: stash only what a stage's forward pass cannot make again and "
                "re-run its forward ops before the backward pass (less memory, more compute)");

@@ -4,7 +4,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <iomanip>
 #include <iostream>
+#include <sstream>
+
+#include "fabric/topology.hpp"
+#include "ipu_process/arch.hpp"
 
 namespace ipupod::pod {
 
@@ -51,6 +56,49 @@ models::ModelOptions model_options(const TrainConfig& config, const Startup& sta
   options.optimizer.schedule.step_size = std::max<std::size_t>(1, total / 4);
   options.optimizer.schedule.gamma = 0.1;
   return options;
+}
+
+void use_automatic_split(const TrainConfig& c, models::ModelOptions& training,
+                         models::SplitPlan* plan) {
+  if (c.split != "auto" || c.stages < 2) return;
+  const ipu::ArchPreset& arch = ipu::ArchPreset::get(c.arch);
+  const fabric::Topology topology = fabric::Topology::preset(c.topology);
+  models::SplitCosts costs;
+  const double tiles = static_cast<double>(arch.tiles);
+  costs.matmul_flops_per_cycle = arch.fp32_flops_per_cycle_per_tile * tiles;
+  costs.vector_elements_per_cycle = static_cast<double>(arch.fp32_vector_width) * tiles;
+  costs.per_op_cycles =
+      static_cast<double>(arch.sync_cycles_internal + arch.exchange_latency_cycles);
+  costs.link_bytes_per_cycle = topology.spec().within_machine.bandwidth_bytes_per_s / arch.clock_hz;
+  costs.memory_bytes = static_cast<double>(arch.bytes_per_ipu());
+  const std::string& o = c.optimizer;
+  costs.parameter_copies = 2.0 + (o == "adam" || o == "adamw" ? 2.0 : o == "sgd" ? 0.0 : 1.0);
+  const std::size_t stages = c.stages;
+  training.assign_stages = [costs, stages, plan](models::Graph& g) {
+    const models::SplitPlan made = models::split_pipeline(g, stages, costs);
+    if (plan) *plan = made;
+  };
+}
+
+void follow_automatic_split(const TrainConfig& c, const models::Model& trained,
+                            models::ModelOptions& eval) {
+  if (c.split != "auto" || c.stages < 2) return;
+  eval.assign_stages = [stages = models::variable_stages(trained.graph)](models::Graph& g) {
+    models::follow_split(g, stages);
+  };
+}
+
+std::string describe_split(const models::SplitPlan& plan) {
+  std::ostringstream out;
+  out << "automatic split into " << plan.stages.size() << " stages (estimates per micro-batch"
+      << (plan.fits ? "" : "; none fits the estimated memory, so the fastest was taken") << "):";
+  for (std::size_t s = 0; s < plan.stages.size(); ++s) {
+    const models::StageEstimate& e = plan.stages[s];
+    out << "\n  stage " << s << ": " << e.first << " .. " << e.last << " (" << e.ops << " ops, "
+        << std::fixed << std::setprecision(0) << e.cycles << " cycles, " << std::setprecision(1)
+        << e.bytes / (1024.0 * 1024.0) << " MiB)";
+  }
+  return out.str();
 }
 
 void abort_job(MPI_Comm world, const std::string& what) {

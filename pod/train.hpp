@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "models/pipeline_split.hpp"
 #include "models/zoo.hpp"
 #include "pod/config.hpp"
 #include "pod/wire.hpp"
@@ -25,5 +26,15 @@ int run_ipu(const TrainConfig& config, MPI_Comm world);
 // its task and output shapes) and on every IPU.
 models::ModelOptions model_options(const TrainConfig& config, const Startup& startup,
                                    bool training);
+
+// Sets the stage hooks of --split auto (nothing for --split model): the training model is split
+// for the architecture's rates and memory and the topology's links (its plan written to *plan),
+// and the evaluation model, built after it, puts each parameter and state on the same stage.
+void use_automatic_split(const TrainConfig& config, models::ModelOptions& training,
+                         models::SplitPlan* plan);
+void follow_automatic_split(const TrainConfig& config, const models::Model& trained,
+                            models::ModelOptions& eval);
+// "automatic split into S stages (estimates per micro-batch): stage 0: a .. b (n ops, ...)".
+std::string describe_split(const models::SplitPlan& plan);
 
 }  // namespace ipupod::pod

@@ -9,6 +9,7 @@
 #include "ipu_process/engine.hpp"
 #include "models/interpreter.hpp"
 #include "pod/compiler.hpp"
+#include "pod/train.hpp"
 #include "tests/ipu/mailbox.hpp"
 
 namespace ipupod::pod {
@@ -201,10 +202,22 @@ struct PipelineRun {
   std::map<std::string, std::vector<float>> initial_weights;
 };
 
-PipelineRun run_pipeline(const models::ModelOptions& options, std::size_t stages, bool grouped,
-                         std::size_t accumulation, std::size_t steps, bool recompute = false) {
+struct PipelineMode {
+  bool grouped = true, recompute = false, automatic_split = false;
+};
+
+PipelineRun run_pipeline(const models::ModelOptions& options, std::size_t stages, PipelineMode mode,
+                         std::size_t accumulation, std::size_t steps) {
   models::ModelOptions o = options;
   o.pipeline_stages = stages;
+  if (mode.automatic_split && stages > 1) {
+    TrainConfig config;
+    config.arch = "tiny";
+    config.topology = "m2000";
+    config.stages = stages;
+    config.split = "auto";
+    use_automatic_split(config, o, nullptr);
+  }
   const models::Model model = models::build_model("mlp", o);
   std::vector<CompiledModel> compiled;
   std::vector<std::unique_ptr<ipu::Engine>> engines;
@@ -217,8 +230,8 @@ PipelineRun run_pipeline(const models::ModelOptions& options, std::size_t stages
                                         .replicas = 1,
                                         .stages = stages,
                                         .stage = s,
-                                        .grouped = grouped,
-                                        .recompute = recompute}));
+                                        .grouped = mode.grouped,
+                                        .recompute = mode.recompute}));
     for (const auto& v : compiled[s].graph->variables())
       if (v.name.find("/stash") != std::string::npos)
         run.stash_bytes += v.elements * ipu::dtype_size(v.dtype);
@@ -277,15 +290,21 @@ TEST(Compiler, PipelinedStagesTrainExactlyLikeOneIpu) {
   o.hidden = {11, 7, 6};
   o.learning_rate = 0.1;
   const std::size_t accumulation = 4, steps = 3;
-  const PipelineRun one = run_pipeline(o, 1, true, accumulation, steps);
+  const PipelineRun one = run_pipeline(o, 1, {}, accumulation, steps);
   ASSERT_EQ(one.losses.size(), accumulation * steps);
   for (const auto& [name, w] : one.weights)  // else the comparisons below prove nothing
     EXPECT_NE(w, one.initial_weights.at(name)) << name << " did not train";
   for (std::size_t stages : {2, 4}) {
     PipelineRun grouped_run;
-    for (const std::string mode : {"grouped", "sequential", "grouped with recomputation"}) {
-      const bool grouped = mode != "sequential", recompute = mode == "grouped with recomputation";
-      const PipelineRun split = run_pipeline(o, stages, grouped, accumulation, steps, recompute);
+    for (const std::string mode :
+         {"grouped", "sequential", "grouped with recomputation", "grouped, automatic split"}) {
+      const bool recompute = mode == "grouped with recomputation";
+      const PipelineRun split =
+          run_pipeline(o, stages,
+                       {.grouped = mode != "sequential",
+                        .recompute = recompute,
+                        .automatic_split = mode == "grouped, automatic split"},
+                       accumulation, steps);
       const std::string what = std::to_string(stages) + " stages, " + mode;
       if (mode == "grouped") grouped_run = split;
       // Recomputation stashes only the stages' inputs, not the activations made from them, and
