@@ -1,6 +1,7 @@
 // Lowering of IR ops onto the device, one op library call per op.
 #include "pod/compiler.hpp"
 
+#include <optional>
 #include <set>
 #include <stdexcept>
 
@@ -266,12 +267,15 @@ class Lowering {
       }
   }
   bool has(models::ValueId v) const { return tensors_.count(v) > 0; }
+  // The updates read the gradients bound below times this (the mean over the micro-batches).
+  void set_gradient_scale(double scale) { gradient_scale_ = scale; }
   // Makes `v` stand for `t` from here on (the optimizer reads the accumulated gradients).
   void bind(models::ValueId v, const ipu::Tensor& t) { tensors_.insert_or_assign(v, t); }
   // Lowers the optimizer phase of `stage` (besides the plain sgd_steps, which the compiler
   // fuses with gradient accumulation): the updates of this stage's parameters, and the step
   // counter and learning rate they read, which every stage keeps for itself.
   void lower_optimizer(int stage, ipu::Program& prog) {
+    stage_ = stage;
     bool updates = false;
     for (const auto& op : model_->graph.ops())
       updates = updates || (op.phase == Phase::optimizer && op.pipeline_stage == stage &&
@@ -298,6 +302,43 @@ class Lowering {
   }
 
  private:
+  // What identifies the step coefficients an update reads: its kind, rate, step and betas.
+  static std::string coefficients_key(const models::Op& update) {
+    if (update.kind == OpKind::sgd_momentum_step)
+      return "momentum/" + std::to_string(update.inputs[3]);
+    return std::string(models::op_name(update.kind)) + "/" + std::to_string(update.inputs[4]) +
+           "/" + std::to_string(update.inputs[5]) + "/" + std::to_string(update.r("beta1")) + "/" +
+           std::to_string(update.r("beta2"));
+  }
+  // The coefficients `update` reads (rate, bias corrections), made once per step and copied by
+  // one exchange onto the tiles of every parameter of this stage whose update reads the same.
+  const ipu::ops::TileCopies& step_coefficients(const models::Op& update, ipu::Program& prog) {
+    const std::string key = coefficients_key(update);
+    if (auto it = step_coefficients_.find(key); it != step_coefficients_.end()) return it->second;
+    std::vector<ipu::Tensor> params;
+    for (const auto& op : model_->graph.ops())
+      if (op.phase == Phase::optimizer && op.pipeline_stage == stage_ && op.kind == update.kind &&
+          coefficients_key(op) == key)
+        params.push_back(tensor(op.inputs[0]));
+    namespace ops = ipu::ops;
+    ipu::Graph& g = *out_.graph;
+    const bool momentum = update.kind == OpKind::sgd_momentum_step;
+    const ops::UpdateKind kind = momentum                           ? ops::UpdateKind::sgd_momentum
+                                 : update.kind == OpKind::lamb_step ? ops::UpdateKind::lamb
+                                                                    : ops::UpdateKind::adam;
+    std::optional<ipu::Tensor> step;
+    if (!momentum) step = tensor(update.inputs[5]);
+    const ipu::Tensor values = ops::step_coefficients(
+        g, prog, kind, tensor(update.inputs[momentum ? 3 : 4]), step, std::nullopt,
+        momentum ? 0.0 : update.r("beta1"), momentum ? 0.0 : update.r("beta2"),
+        "optimizer/coefficients" + std::to_string(step_coefficients_.size()));
+    return step_coefficients_
+        .emplace(key, ops::copy_to_tiles(g, prog, values, params,
+                                         "optimizer/coefficients" +
+                                             std::to_string(step_coefficients_.size()) + "/copies"))
+        .first->second;
+  }
+
   // A parameter, state or input variable, created by the first model that names it.
   ipu::Tensor shared_variable(const models::Op& op, const models::TensorInfo& info,
                               ipu::MemoryCategory category) {
@@ -510,19 +551,21 @@ class Lowering {
         break;
       }
       case OpKind::sgd_momentum_step:
-        ops::sgd_momentum_update(g, prog, in(0), in(1), in(2), in(3),
+        ops::sgd_momentum_update(g, prog, in(0), in(1), in(2), step_coefficients(op, prog),
                                  {.momentum = op.r("momentum"),
                                   .weight_decay = op.r("weight_decay"),
-                                  .nesterov = op.i("nesterov") != 0},
+                                  .nesterov = op.i("nesterov") != 0,
+                                  .grad_scale = gradient_scale_},
                                  name);
         return;
       case OpKind::adam_step:
-        ops::adam_update(g, prog, in(0), in(1), in(2), in(3), in(4), in(5),
+        ops::adam_update(g, prog, in(0), in(1), in(2), in(3), step_coefficients(op, prog),
                          {.beta1 = op.r("beta1"),
                           .beta2 = op.r("beta2"),
                           .eps = op.r("eps"),
                           .weight_decay = op.r("weight_decay"),
-                          .decoupled = op.i("decoupled") != 0},
+                          .decoupled = op.i("decoupled") != 0,
+                          .grad_scale = gradient_scale_},
                          name);
         return;
       case OpKind::global_norm:
@@ -568,6 +611,9 @@ class Lowering {
   bool owns_variables_ = true;
   std::map<models::ValueId, ipu::Tensor> tensors_;
   std::map<std::string, ipu::Tensor> shared_;
+  int stage_ = 0;  // of the optimizer phase being lowered
+  double gradient_scale_ = 1;
+  std::map<std::string, ipu::ops::TileCopies> step_coefficients_;
 };
 
 }  // namespace
@@ -727,18 +773,11 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   }
   if (shape.replicas > 1 && !accumulators.empty())
     step.add(ipu::Program::all_reduce(accumulators, ipu::CollectiveOp::mean));
-  // The mean over the accumulated micro-batches (the all-reduce averaged the replicas), then
-  // the stateful optimizers' updates.
-  for (const auto& [grad_id, acc] : mean_gradients) {
-    const auto k_inverse =
-        static_cast<float>(1.0 / static_cast<double>(shape.gradient_accumulation));
-    if (shape.gradient_accumulation == 1) {
-      lowering.bind(grad_id, acc);
-    } else {
-      lowering.bind(grad_id, ipu::ops::broadcast_to(g, optimizer, acc, acc.shape(), k_inverse,
-                                                    model.graph.value(grad_id).name + "/mean"));
-    }
-  }
+  // The stateful optimizers read the accumulators in place, scaled to their mean over the
+  // micro-batches by the update itself (the all-reduce averaged the replicas): no mean tensor,
+  // no exchange to bring one onto the parameter's layout.
+  for (const auto& [grad_id, acc] : mean_gradients) lowering.bind(grad_id, acc);
+  lowering.set_gradient_scale(1.0 / static_cast<double>(shape.gradient_accumulation));
   lowering.lower_optimizer(stage, optimizer);
   step.add(optimizer);
   out.programs["train"] = ipu::Program::repeat(shape.device_iterations, step);

@@ -3,7 +3,9 @@
 // parameter (what PopLibs' optimiser updates are to Poplar).
 #pragma once
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "ipu_process/graph.hpp"
 #include "ipu_process/program.hpp"
@@ -25,25 +27,47 @@ struct LrSchedule {
 Tensor lr_schedule(Graph& graph, Program& prog, const Tensor& step, const LrSchedule& schedule,
                    const std::string& name);
 
+// What every parameter update of a step reads, made once per step on the learning rate's tile:
+// [rate, gradient factor, ...] and for Adam [..., rate / (1 - beta1^step), sqrt(1 - beta2^step)],
+// for LAMB [..., step]. The gradient factor (clipping) is 1 without a `factor` tensor.
+enum class UpdateKind : std::uint8_t { sgd_momentum, adam, lamb };
+Tensor step_coefficients(Graph& graph, Program& prog, UpdateKind kind, const Tensor& rate,
+                         const std::optional<Tensor>& step, const std::optional<Tensor>& factor,
+                         double beta1, double beta2, const std::string& name);
+
+// A small per-step tensor copied by one exchange onto every tile that holds a piece of the
+// given tensors, so that the updates of all parameters read it from their own tile.
+struct TileCopies {
+  Tensor copies;  // [tiles.size(), width]
+  std::vector<unsigned> tiles;
+  Tensor on(unsigned tile, const std::string& name) const;  // the copy on `tile`
+};
+TileCopies copy_to_tiles(Graph& graph, Program& prog, const Tensor& value,
+                         const std::vector<Tensor>& targets, const std::string& name);
+
 struct AdamOptions {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
   bool decoupled = false;  // AdamW: decay the weights by rate * weight_decay instead of L2
+  // The gradient read is grad * grad_scale * the step's gradient factor (the mean over the
+  // accumulated micro-batches, then clipping), each product rounded to float in that order.
+  double grad_scale = 1;
 };
 // param -= rate / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps), with the
-// moments m, v updated from grad first. rate and step are float scalars; the bias corrections
-// are computed once on their tile and broadcast to the tiles that hold param.
+// moments m, v updated from the gradient first. `coefficients` are step_coefficients(adam).
 void adam_update(Graph& graph, Program& prog, const Tensor& param, const Tensor& grad,
-                 const Tensor& m, const Tensor& v, const Tensor& rate, const Tensor& step,
+                 const Tensor& m, const Tensor& v, const TileCopies& coefficients,
                  const AdamOptions& options, const std::string& name);
 
 struct MomentumOptions {
   double momentum = 0.9, weight_decay = 0;
   bool nesterov = false;
+  double grad_scale = 1;  // as AdamOptions::grad_scale
 };
 // g = grad + weight_decay * param; velocity = momentum * velocity + g;
-// param -= rate * (nesterov ? g + momentum * velocity : velocity).
+// param -= rate * (nesterov ? g + momentum * velocity : velocity). `coefficients` are
+// step_coefficients(sgd_momentum).
 void sgd_momentum_update(Graph& graph, Program& prog, const Tensor& param, const Tensor& grad,
-                         const Tensor& velocity, const Tensor& rate, const MomentumOptions& options,
-                         const std::string& name);
+                         const Tensor& velocity, const TileCopies& coefficients,
+                         const MomentumOptions& options, const std::string& name);
 
 }  // namespace ipupod::ipu::ops

@@ -116,12 +116,14 @@ TEST(Compiler, OneReplicaMatchesTheInterpreterStepForStep) {
 }
 
 // Adam, AdamW and momentum SGD with a warm-up and a decaying schedule, lowered onto the tiles:
-// three optimizer steps (device iterations) against the interpreter's, losses and weights.
+// three optimizer steps (device iterations) of `accumulation` micro-batches each against the
+// interpreter's, losses and weights.
 struct OptimizerCase {
   models::OptimizerKind kind;
   models::ScheduleKind schedule;
   double weight_decay;
   bool nesterov;
+  std::size_t accumulation = 1;
 };
 class StatefulOptimizer : public ::testing::TestWithParam<OptimizerCase> {};
 
@@ -139,9 +141,10 @@ TEST_P(StatefulOptimizer, MatchesTheInterpreterStepForStep) {
   o.optimizer.schedule.warmup_steps = 1;
   o.optimizer.schedule.total_steps = 3;
   const models::Model model = models::build_model("mlp", o);
-  const std::size_t steps = 3, seed = 4;
+  const std::size_t steps = 3, seed = 4, k = GetParam().accumulation, micro_batches = steps * k;
   CompiledModel compiled =
-      compile_for_ipu(model, ipu::ArchPreset::get("tiny"), {.device_iterations = steps});
+      compile_for_ipu(model, ipu::ArchPreset::get("tiny"),
+                      {.gradient_accumulation = k, .device_iterations = steps});
   ipu::Engine engine(*compiled.graph, compiled.programs);
   models::Interpreter reference(model.graph, seed);
   for (const auto& [id, tensor] : compiled.initial_values)
@@ -151,7 +154,7 @@ TEST_P(StatefulOptimizer, MatchesTheInterpreterStepForStep) {
   auto &xs = host.xs, &ys = host.ys;
   std::mt19937 gen(9);
   std::normal_distribution<float> d;
-  for (std::size_t b = 0; b < steps; ++b) {
+  for (std::size_t b = 0; b < micro_batches; ++b) {
     xs.push_back(models::Buffer::zeros(model.graph.info(model.input)));
     ys.push_back(models::Buffer::zeros(model.graph.info(model.labels)));
     for (auto& v : xs.back().f) v = d(gen);
@@ -161,12 +164,31 @@ TEST_P(StatefulOptimizer, MatchesTheInterpreterStepForStep) {
   host.connect(engine);
   engine.run("train");
   const std::vector<float>& losses = host.losses;
-  ASSERT_EQ(losses.size(), steps);
-  for (std::size_t b = 0; b < steps; ++b) {
-    reference.set(model.input, xs[b]);
-    reference.set(model.labels, ys[b]);
-    reference.run();
-    EXPECT_NEAR(losses[b], reference.get(model.loss).f[0], 1e-5) << "step " << b;
+  ASSERT_EQ(losses.size(), micro_batches);
+  // Reference: the optimizer phase reads the mean of the step's gradients, summed in order and
+  // scaled by 1/k in float as the device does.
+  for (std::size_t step = 0; step < steps; ++step) {
+    std::map<models::ValueId, std::vector<float>> sum;
+    for (std::size_t m = 0; m < k; ++m) {
+      const std::size_t b = step * k + m;
+      reference.set(model.input, xs[b]);
+      reference.set(model.labels, ys[b]);
+      reference.run({models::Phase::forward, models::Phase::backward});
+      EXPECT_NEAR(losses[b], reference.get(model.loss).f[0], 1e-5) << "micro-batch " << b;
+      for (auto [param, grad] : model.gradients) {
+        const auto& g = reference.get(grad).f;
+        auto& s = sum[grad];
+        s.resize(g.size());
+        for (std::size_t i = 0; i < g.size(); ++i) s[i] += g[i];
+      }
+    }
+    for (auto& [grad, s] : sum) {
+      models::Buffer mean = reference.get(grad);
+      for (std::size_t i = 0; i < s.size(); ++i)
+        mean.f[i] = s[i] * static_cast<float>(1.0 / static_cast<double>(k));
+      reference.set(grad, mean);
+    }
+    reference.run({models::Phase::optimizer});
   }
   std::size_t states = 0;
   for (const auto& [id, tensor] : compiled.initial_values) {  // weights, moments, step counter
@@ -181,15 +203,24 @@ TEST_P(StatefulOptimizer, MatchesTheInterpreterStepForStep) {
     states += model.graph.producer(id).kind == models::OpKind::state;
   }
   EXPECT_GT(states, model.gradients.size()) << "moments and the step counter are on the IPU";
+
+  // The rate and bias corrections are made once per step for every parameter, and the updates
+  // read the accumulators where they lie (no copy onto the parameter's layout).
+  std::size_t coefficient_vertices = 0;
+  for (const auto& cs : compiled.graph->compute_sets())
+    for (const auto& v : cs.vertices) coefficient_vertices += v.codelet == "OptimizerCoefficients";
+  EXPECT_EQ(coefficient_vertices, 1u);
+  for (const auto& var : compiled.graph->variables())
+    EXPECT_EQ(var.name.find("/operand"), std::string::npos) << var.name << " was rearranged";
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Pod, StatefulOptimizer,
     ::testing::Values(
         OptimizerCase{models::OptimizerKind::adam, models::ScheduleKind::cosine, 0.01, false},
-        OptimizerCase{models::OptimizerKind::adamw, models::ScheduleKind::step, 0.1, false},
-        OptimizerCase{models::OptimizerKind::sgd_momentum, models::ScheduleKind::cosine, 0.01,
-                      true},
+        OptimizerCase{models::OptimizerKind::adamw, models::ScheduleKind::step, 0.1, false, 3},
+        OptimizerCase{models::OptimizerKind::sgd_momentum, models::ScheduleKind::cosine, 0.01, true,
+                      2},
         OptimizerCase{models::OptimizerKind::sgd, models::ScheduleKind::constant, 0, false}));
 
 // Trains `model` split into `stages` IPUs (one engine each, on its own thread, bound to an
