@@ -202,6 +202,11 @@ std::set<const models::Op*> recomputed_ops(const models::Graph& g, int stage) {
   return out;
 }
 
+bool is_update(OpKind kind) {
+  return kind == OpKind::adam_step || kind == OpKind::sgd_momentum_step ||
+         kind == OpKind::lamb_step;
+}
+
 class Lowering {
  public:
   explicit Lowering(CompiledModel& out) : out_(out) {}
@@ -269,6 +274,8 @@ class Lowering {
   bool has(models::ValueId v) const { return tensors_.count(v) > 0; }
   // The updates read the gradients bound below times this (the mean over the micro-batches).
   void set_gradient_scale(double scale) { gradient_scale_ = scale; }
+  // ... and times this scalar of the step (clipping), if set.
+  void set_gradient_factor(const ipu::Tensor& factor) { gradient_factor_ = factor; }
   // Makes `v` stand for `t` from here on (the optimizer reads the accumulated gradients).
   void bind(models::ValueId v, const ipu::Tensor& t) { tensors_.insert_or_assign(v, t); }
   // Lowers the optimizer phase of `stage` (besides the plain sgd_steps, which the compiler
@@ -278,11 +285,14 @@ class Lowering {
     stage_ = stage;
     bool updates = false;
     for (const auto& op : model_->graph.ops())
-      updates = updates || (op.phase == Phase::optimizer && op.pipeline_stage == stage &&
-                            (op.kind == OpKind::adam_step || op.kind == OpKind::sgd_momentum_step));
+      updates = updates ||
+                (op.phase == Phase::optimizer && op.pipeline_stage == stage && is_update(op.kind));
     if (!updates) return;
     for (const auto& op : model_->graph.ops()) {
-      if (op.phase != Phase::optimizer || op.kind == OpKind::sgd_step) continue;
+      // Clipping is lowered with the gradient accumulators (it spans the stages).
+      if (op.phase != Phase::optimizer || op.kind == OpKind::sgd_step ||
+          op.kind == OpKind::global_norm || op.kind == OpKind::clip_factor)
+        continue;
       if (op.pipeline_stage != stage && op.kind != OpKind::increment) continue;
       if (op.output && has(*op.output)) continue;
       lower_with_inputs(op, prog);
@@ -329,7 +339,7 @@ class Lowering {
     std::optional<ipu::Tensor> step;
     if (!momentum) step = tensor(update.inputs[5]);
     const ipu::Tensor values = ops::step_coefficients(
-        g, prog, kind, tensor(update.inputs[momentum ? 3 : 4]), step, std::nullopt,
+        g, prog, kind, tensor(update.inputs[momentum ? 3 : 4]), step, gradient_factor_,
         momentum ? 0.0 : update.r("beta1"), momentum ? 0.0 : update.r("beta2"),
         "optimizer/coefficients" + std::to_string(step_coefficients_.size()));
     return step_coefficients_
@@ -337,6 +347,31 @@ class Lowering {
                                          "optimizer/coefficients" +
                                              std::to_string(step_coefficients_.size()) + "/copies"))
         .first->second;
+  }
+
+  // Every LAMB update of this stage that reads the same coefficients, at once (the first of them
+  // lowers them all): their trust ratios take a reduction and a broadcast each, done together.
+  void lamb_updates(const models::Op& first, ipu::Program& prog) {
+    if (lamb_done_.count(&first)) return;
+    std::vector<ipu::ops::LambTensors> params;
+    for (const auto& op : model_->graph.ops())
+      if (op.phase == Phase::optimizer && op.pipeline_stage == stage_ &&
+          op.kind == OpKind::lamb_step && coefficients_key(op) == coefficients_key(first)) {
+        if (op.r("eps") != first.r("eps") || op.r("weight_decay") != first.r("weight_decay"))
+          throw std::logic_error("pod compiler: LAMB updates '" + first.name + "' and '" + op.name +
+                                 "' differ in eps or weight decay");
+        lower_inputs(op, prog);
+        params.push_back({tensor(op.inputs[0]), tensor(op.inputs[1]), tensor(op.inputs[2]),
+                          tensor(op.inputs[3])});
+        lamb_done_.insert(&op);
+      }
+    ipu::ops::lamb_update(*out_.graph, prog, params, step_coefficients(first, prog),
+                          {.beta1 = first.r("beta1"),
+                           .beta2 = first.r("beta2"),
+                           .eps = first.r("eps"),
+                           .weight_decay = first.r("weight_decay"),
+                           .grad_scale = gradient_scale_},
+                          "optimizer/lamb" + std::to_string(lamb_done_.size()));
   }
 
   // A parameter, state or input variable, created by the first model that names it.
@@ -365,6 +400,10 @@ class Lowering {
 
   // Lowers op after whatever of its inputs is not lowered yet (optimizer-phase values only).
   void lower_with_inputs(const models::Op& op, ipu::Program& prog) {
+    lower_inputs(op, prog);
+    lower(op, prog);
+  }
+  void lower_inputs(const models::Op& op, ipu::Program& prog) {
     for (models::ValueId v : op.inputs) {
       if (has(v)) continue;
       const models::Op& producer = model_->graph.producer(v);
@@ -373,7 +412,6 @@ class Lowering {
                                model_->graph.value(v).name + "', which is not lowered here");
       lower_with_inputs(producer, prog);
     }
-    lower(op, prog);
   }
 
   void lower(const models::Op& op, ipu::Program& prog) {
@@ -568,12 +606,13 @@ class Lowering {
                           .grad_scale = gradient_scale_},
                          name);
         return;
+      case OpKind::lamb_step:
+        lamb_updates(op, prog);
+        return;
       case OpKind::global_norm:
       case OpKind::clip_factor:
-      case OpKind::lamb_step:
-        throw std::invalid_argument(std::string("op ") + models::op_name(op.kind) + " ('" + name +
-                                    "') is not lowered onto the IPU yet (gradient clipping, "
-                                    "loss scaling and LAMB); use sgd, sgd_momentum, adam or adamw");
+        throw std::logic_error(std::string("op ") + models::op_name(op.kind) + " ('" + name +
+                               "') is lowered with the gradient accumulators, not on its own");
     }
     if (result.shape() != info.shape) {
       if (result.elements() != info.elements())
@@ -613,7 +652,9 @@ class Lowering {
   std::map<std::string, ipu::Tensor> shared_;
   int stage_ = 0;  // of the optimizer phase being lowered
   double gradient_scale_ = 1;
+  std::optional<ipu::Tensor> gradient_factor_;
   std::map<std::string, ipu::ops::TileCopies> step_coefficients_;
+  std::set<const models::Op*> lamb_done_;
 };
 
 }  // namespace
@@ -656,6 +697,7 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   std::vector<ipu::Tensor> accumulators;
   // Stateful optimizers read the mean accumulated gradient in place of the last micro-batch's.
   std::vector<std::pair<models::ValueId, ipu::Tensor>> mean_gradients;
+  std::vector<ipu::Tensor> updated_accumulators;  // theirs, once each
   // The sum of a parameter's gradients over the step's micro-batches, zeroed at its start.
   const auto accumulator = [&](models::ValueId param_id, models::ValueId grad_id) {
     const std::string name = model.graph.value(param_id).name;
@@ -668,14 +710,25 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
     return acc;
   };
   for (const auto& op : model.graph.ops()) {
-    if ((op.kind == OpKind::adam_step || op.kind == OpKind::sgd_momentum_step) &&
-        op.pipeline_stage == stage) {
-      const models::ValueId grad_id = op.inputs[1];
-      if (model.graph.producer(grad_id).phase == Phase::optimizer)
-        throw std::invalid_argument("optimizer op '" + op.name +
-                                    "' updates with a scaled gradient (clipping or loss "
-                                    "scaling), which is not lowered onto the IPU yet");
-      mean_gradients.emplace_back(grad_id, accumulator(op.inputs[0], grad_id));
+    if (is_update(op.kind) && op.pipeline_stage == stage) {
+      // The gradient, or the gradient times the step's factor (clipping), which the update
+      // applies itself: both stand for the accumulator.
+      models::ValueId grad_id = op.inputs[1];
+      const models::Op& producer = model.graph.producer(grad_id);
+      if (producer.phase == Phase::optimizer) {
+        if (producer.kind != OpKind::binary ||
+            static_cast<models::BinaryFn>(producer.i("fn")) != models::BinaryFn::mul ||
+            model.graph.producer(producer.inputs[1]).kind != OpKind::clip_factor)
+          throw std::invalid_argument("optimizer op '" + op.name + "' updates with '" +
+                                      producer.name +
+                                      "', which is neither a gradient nor one times the clip "
+                                      "factor; the IPU lowers only those");
+        grad_id = producer.inputs[0];
+      }
+      const ipu::Tensor acc = accumulator(op.inputs[0], grad_id);
+      mean_gradients.emplace_back(grad_id, acc);
+      if (op.inputs[1] != grad_id) mean_gradients.emplace_back(op.inputs[1], acc);
+      updated_accumulators.push_back(acc);
       continue;
     }
     if (op.kind != OpKind::sgd_step || op.pipeline_stage != stage) continue;
@@ -777,7 +830,41 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   // micro-batches by the update itself (the all-reduce averaged the replicas): no mean tensor,
   // no exchange to bring one onto the parameter's layout.
   for (const auto& [grad_id, acc] : mean_gradients) lowering.bind(grad_id, acc);
-  lowering.set_gradient_scale(1.0 / static_cast<double>(shape.gradient_accumulation));
+  const double mean_scale = 1.0 / static_cast<double>(shape.gradient_accumulation);
+  lowering.set_gradient_scale(mean_scale);
+  // Clipping by the global norm: each stage sums the squares of its own mean gradients, sends
+  // that to every other stage of the replica and takes theirs, and every stage makes the same
+  // factor from the same sums in stage order (every stage takes part, parameters or not).
+  const auto norm_tag = [&](int from, int to) {
+    return static_cast<unsigned>(transfers.size()) + static_cast<unsigned>(from * stages + to);
+  };
+  for (const auto& op : model.graph.ops()) {
+    if (op.kind != OpKind::clip_factor) continue;
+    // Without a global norm (loss scaling alone) the factor is the op's scale.
+    const bool clipping = model.graph.producer(op.inputs[0]).kind == OpKind::global_norm;
+    const ipu::Tensor local = ipu::ops::sum_of_squares(
+        g, optimizer, clipping ? updated_accumulators : std::vector<ipu::Tensor>{}, mean_scale, 0,
+        "optimizer/squared_norm");
+    std::vector<ipu::Tensor> squared_norms;
+    for (int s = 0; s < stages && clipping; ++s)
+      if (s != stage)
+        optimizer.add(ipu::Program::send(local, static_cast<unsigned>(s), norm_tag(stage, s)));
+    for (int s = 0; s < stages; ++s) {
+      if (s == stage) {
+        squared_norms.push_back(local);
+      } else if (clipping) {
+        ipu::Tensor theirs =
+            g.add_variable(ipu::DType::f32, {}, "optimizer/squared_norm/stage" + std::to_string(s),
+                           ipu::MemoryCategory::temporary);
+        g.set_tile_mapping(theirs, 0);
+        optimizer.add(ipu::Program::receive(theirs, static_cast<unsigned>(s), norm_tag(s, stage)));
+        squared_norms.push_back(theirs);
+        out.transfers += 2;
+      }
+    }
+    lowering.set_gradient_factor(ipu::ops::clip_factor(
+        g, optimizer, squared_norms, op.r("max_norm"), op.r("scale"), "optimizer/grad_factor"));
+  }
   lowering.lower_optimizer(stage, optimizer);
   step.add(optimizer);
   out.programs["train"] = ipu::Program::repeat(shape.device_iterations, step);
@@ -787,7 +874,7 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   const models::Model& evaluated = eval_model ? *eval_model : model;
   ipu::Program eval_forward = forward;
   if (eval_model || stages > 1) {
-    const auto first_eval_tag = static_cast<unsigned>(transfers.size());
+    const auto first_eval_tag = norm_tag(stages, 0);  // after the norms' tags
     const Transfers eval_transfers =
         plan_transfers(evaluated, {evaluated.logits, evaluated.loss}, first_eval_tag);
     eval_forward = ipu::Program();

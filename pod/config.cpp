@@ -68,9 +68,12 @@ void validate(const TrainConfig& c, int world_size) {
   validate_pipeline(c);
   if (!(c.learning_rate > 0)) throw UsageError("--learning-rate must be positive");
   if (c.optimizer != "sgd" && c.optimizer != "sgd_momentum" && c.optimizer != "adam" &&
-      c.optimizer != "adamw")
-    throw UsageError("--optimizer must be sgd, sgd_momentum, adam or adamw, got '" + c.optimizer +
-                     "' (lamb and gradient clipping are not lowered onto the IPU yet)");
+      c.optimizer != "adamw" && c.optimizer != "lamb")
+    throw UsageError("--optimizer must be sgd, sgd_momentum, adam, adamw or lamb, got '" +
+                     c.optimizer + "'");
+  if (!(c.clip_norm >= 0))
+    throw UsageError("--clip-norm must be >= 0 (0: no clipping), got " +
+                     std::to_string(c.clip_norm));
   if (!(c.momentum >= 0 && c.momentum < 1))
     throw UsageError("--momentum must be in [0, 1), got " + std::to_string(c.momentum));
   if (!(c.weight_decay >= 0))
@@ -106,6 +109,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"weight_decay", c.weight_decay},
           {"lr_schedule", c.lr_schedule},
           {"warmup_steps", c.warmup_steps},
+          {"clip_norm", c.clip_norm},
           {"seed", c.seed},
           {"shuffle", c.shuffle},
           {"global_batch", c.global_batch()}};
@@ -132,6 +136,7 @@ std::vector<std::string> resume_differences(const TrainConfig& c, const nlohmann
                                        "weight_decay",
                                        "lr_schedule",
                                        "warmup_steps",
+                                       "clip_norm",
                                        "seed",
                                        "shuffle"};
   const nlohmann::json now = config_json(c);

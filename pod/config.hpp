@@ -35,11 +35,12 @@ struct TrainConfig {
   std::size_t device_iterations = 1;
   std::size_t epochs = 1;
   double learning_rate = 0.05;
-  std::string optimizer = "sgd";         // sgd, sgd_momentum, adam, adamw (applied on the tiles)
+  std::string optimizer = "sgd";         // sgd, sgd_momentum, adam, adamw, lamb (applied on tiles)
   double momentum = 0.9;                 // sgd_momentum
   double weight_decay = 0;               // L2 (sgd, sgd_momentum, adam) or decoupled (adamw)
   std::string lr_schedule = "constant";  // or step (x0.1 every quarter of the run), cosine
   std::size_t warmup_steps = 0;          // optimizer steps of linear warm-up
+  double clip_norm = 0;                  // global L2 norm to clip gradients to (0: no clipping)
   std::uint64_t seed = 1;
   bool shuffle = true;
   bool allow_out_of_memory = false;

@@ -152,10 +152,20 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
       ->capture_default_str();
   train.add_option("--learning-rate", c.learning_rate, "Base learning rate")->capture_default_str();
   train
-      .add_option("--optimizer", c.optimizer, "sgd, sgd_momentum, adam or adamw, applied on tiles")
+      .add_option("--optimizer", c.optimizer,
+                  "sgd, sgd_momentum, adam, adamw or lamb (Adam moments, per-parameter trust "
+                  "ratio ||w|| / ||update||), applied on tiles")
       ->capture_default_str();
   train.add_option("--momentum", c.momentum, "Momentum of sgd_momentum")->capture_default_str();
-  train.add_option("--weight-decay", c.weight_decay, "L2 (sgd*, adam) or decoupled (adamw) decay")
+  train
+      .add_option("--weight-decay", c.weight_decay,
+                  "L2 (sgd*, adam) or decoupled (adamw, lamb) decay")
+      ->capture_default_str();
+  train
+      .add_option("--clip-norm", c.clip_norm,
+                  "Clip gradients by their global L2 norm, as torch's clip_grad_norm_: after the "
+                  "all-reduce and the mean over micro-batches, scale all of them by "
+                  "min(1, X / (norm + 1e-6)); the norm spans every pipeline stage (0: no clipping)")
       ->capture_default_str();
   train
       .add_option("--lr-schedule", c.lr_schedule,

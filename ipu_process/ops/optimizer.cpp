@@ -17,6 +17,19 @@ namespace {
 // Vector instructions per element group of the fused updates (loads, multiply-adds, the square
 // root and the division of Adam; the two multiply-adds of momentum SGD).
 constexpr std::size_t kAdamInstructions = 10, kMomentumInstructions = 4;
+// LAMB's first pass is Adam's plus the two squares it sums; its second recomputes the update.
+constexpr std::size_t kLambMomentsInstructions = 14, kLambUpdateInstructions = 10;
+
+std::uint64_t first_field_cycles(const Vertex& v, const ArchPreset& a, std::size_t instructions) {
+  std::size_t n = 0;
+  for (const auto& t : v.fields[0]) n += t.elements();
+  return vector_cycles(a, n, instructions);
+}
+
+// LAMB's update direction of element i: Adam's step without the rate, plus the weight decay.
+double lamb_direction(float m, float v, float p, double bc1, double bc2, double eps, double wd) {
+  return (m / bc1) / (std::sqrt(v / bc2) + eps) + wd * p;
+}
 
 std::uint64_t scalar_cycles(const Vertex&, const ArchPreset& arch) {
   return vector_cycles(arch, 1, 8);
@@ -99,6 +112,109 @@ void register_optimizer_codelets(CodeletRegistry& r) {
          },
          [](const Vertex& v, const ArchPreset& a) {
            return vector_cycles(a, v.fields[0][0].elements(), kAdamInstructions);
+         }});
+  r.add({"SumOfSquares",
+         "out = sum over every region of (scale * x)^2, or of x when square is 0, summed in "
+         "double; params: scale, square",
+         {"in", "out"},
+         [](const VertexContext& c) {
+           const auto scale = static_cast<float>(c.param(0));
+           const bool square = c.param(1) != 0;
+           double s = 0;
+           for (std::size_t r = 0; r < c.regions(0); ++r)
+             for (float x : c.region<const float>(0, r)) {
+               const float y = x * scale;
+               s += square ? static_cast<double>(y) * y : static_cast<double>(x);
+             }
+           c.region<float>(1)[0] = static_cast<float>(s);
+         },
+         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 2); },
+         {"out"}});
+  r.add({"ClipFactor",
+         "out = min(1, max_norm / (sqrt(sum of the squared norms) + 1e-6)) * scale, or scale "
+         "when max_norm <= 0; params: max_norm, scale",
+         {"squared_norms", "out"},
+         [](const VertexContext& c) {
+           double s = 0;
+           for (std::size_t r = 0; r < c.regions(0); ++r)
+             for (float x : c.region<const float>(0, r)) s += x;
+           const double max_norm = c.param(0);
+           const auto norm = static_cast<float>(std::sqrt(s));
+           const double f =
+               max_norm > 0 ? std::min(1.0, max_norm / (static_cast<double>(norm) + 1e-6)) : 1.0;
+           c.region<float>(1)[0] = static_cast<float>(f * c.param(1));
+         },
+         scalar_cycles,
+         {"out"}});
+  r.add({"LambMoments",
+         "LAMB's first pass: moments in place, then out = [sum param^2, sum u^2] of the piece "
+         "(u: the update direction); coefficients from OptimizerCoefficients; params: beta1, "
+         "beta2, eps, weight decay, gradient scale",
+         {"param", "grad", "m", "v", "coefficients", "out"},
+         [](const VertexContext& c) {
+           auto p = c.region<const float>(0);
+           auto g = c.region<const float>(1);
+           auto m = c.region<float>(2);
+           auto v = c.region<float>(3);
+           auto k = c.region<const float>(4);
+           const auto b1 = static_cast<float>(c.param(0)), b2 = static_cast<float>(c.param(1));
+           const auto scale = static_cast<float>(c.param(4));
+           const float factor = k[1];
+           const double t = k[2];
+           const double bc1 = 1 - std::pow(c.param(0), t), bc2 = 1 - std::pow(c.param(1), t);
+           double pn = 0, un = 0;
+           for (std::size_t i = 0; i < p.size(); ++i) {
+             const float gi = g[i] * scale * factor;
+             m[i] = m[i] * b1 + (1 - b1) * gi;
+             v[i] = v[i] * b2 + (1 - b2) * gi * gi;
+             const double u = lamb_direction(m[i], v[i], p[i], bc1, bc2, c.param(2), c.param(3));
+             pn += static_cast<double>(p[i]) * p[i];
+             un += u * u;
+           }
+           auto out = c.region<float>(5);
+           out[0] = static_cast<float>(pn);
+           out[1] = static_cast<float>(un);
+         },
+         [](const Vertex& v, const ArchPreset& a) {
+           return first_field_cycles(v, a, kLambMomentsInstructions);
+         },
+         {"out"}});
+  r.add({"LambTrust",
+         "out = sqrt(sum of param^2) / sqrt(sum of u^2) over the pieces' [param^2, u^2] regions, "
+         "1 if either is 0",
+         {"norms", "out"},
+         [](const VertexContext& c) {
+           double pn = 0, un = 0;
+           for (std::size_t r = 0; r < c.regions(0); ++r) {
+             auto n = c.region<const float>(0, r);
+             pn += n[0];
+             un += n[1];
+           }
+           c.region<float>(1)[0] =
+               static_cast<float>(pn > 0 && un > 0 ? std::sqrt(pn) / std::sqrt(un) : 1.0);
+         },
+         scalar_cycles,
+         {"out"}});
+  r.add({"LambUpdate",
+         "LAMB's second pass: param -= rate * trust * u; coefficients from OptimizerCoefficients; "
+         "params: beta1, beta2, eps, weight decay",
+         {"param", "m", "v", "coefficients", "trust"},
+         [](const VertexContext& c) {
+           auto p = c.region<float>(0);
+           auto m = c.region<const float>(1);
+           auto v = c.region<const float>(2);
+           auto k = c.region<const float>(3);
+           const double trust = c.region<const float>(4)[0];
+           const float rate = k[0];
+           const double t = k[2];
+           const double bc1 = 1 - std::pow(c.param(0), t), bc2 = 1 - std::pow(c.param(1), t);
+           for (std::size_t i = 0; i < p.size(); ++i) {
+             const double u = lamb_direction(m[i], v[i], p[i], bc1, bc2, c.param(2), c.param(3));
+             p[i] = static_cast<float>(p[i] - rate * trust * u);
+           }
+         },
+         [](const Vertex& v, const ArchPreset& a) {
+           return first_field_cycles(v, a, kLambUpdateInstructions);
          }});
   r.add({"SgdMomentumUpdate",
          "SGD with momentum in place; coefficients from OptimizerCoefficients; params: momentum, "
@@ -262,6 +378,139 @@ void sgd_momentum_update(Graph& graph, Program& prog, const Tensor& param, const
                          const MomentumOptions& o, const std::string& name) {
   per_element_update(graph, prog, "SgdMomentumUpdate", param, {grad, velocity}, coefficients,
                      {o.momentum, o.weight_decay, o.nesterov ? 1.0 : 0.0, o.grad_scale}, name);
+}
+
+Tensor sum_of_squares(Graph& graph, Program& prog, const std::vector<Tensor>& xs, double scale,
+                      unsigned tile, const std::string& name) {
+  std::vector<std::pair<unsigned, Tensor>> pieces;  // (tile, elements)
+  for (const Tensor& x : xs) {
+    const Tensor flat = x.flatten();
+    for_each_worker_piece(graph, x, kMinElementsPerWorker,
+                          [&](unsigned t, std::size_t b, std::size_t e) {
+                            pieces.emplace_back(t, flat.slice(b, e));
+                          });
+  }
+  Tensor out = graph.add_variable(DType::f32, {}, name);
+  graph.set_tile_mapping(out, tile);
+  if (pieces.empty()) {
+    ComputeSetId cs = graph.add_compute_set(name);
+    graph.add_vertex(cs, {"SumOfSquares", tile, {{}, {out}}, {1.0, 0.0}});
+    prog.add(Program::execute(cs));
+    return out;
+  }
+  // Stage 1: a partial per worker piece, on its tile; stage 2: their sum on `tile`.
+  Tensor partials = graph.add_variable(DType::f32, {pieces.size()}, name + "/partials",
+                                       MemoryCategory::temporary);
+  Tensor gathered = graph.add_variable(DType::f32, {pieces.size()}, name + "/gathered",
+                                       MemoryCategory::temporary);
+  graph.set_tile_mapping(gathered, tile);
+  ComputeSetId partial_cs = graph.add_compute_set(name + "/partials");
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const Tensor slot = partials.slice(i, i + 1);
+    graph.set_tile_mapping(slot, pieces[i].first);
+    graph.add_vertex(partial_cs,
+                     {"SumOfSquares", pieces[i].first, {{pieces[i].second}, {slot}}, {scale, 1.0}});
+  }
+  prog.add(Program::execute(partial_cs));
+  prog.add(Program::copy(partials, gathered));
+  ComputeSetId cs = graph.add_compute_set(name);
+  graph.add_vertex(cs, {"SumOfSquares", tile, {{gathered}, {out}}, {1.0, 0.0}});
+  prog.add(Program::execute(cs));
+  return out;
+}
+
+Tensor clip_factor(Graph& graph, Program& prog, const std::vector<Tensor>& squared_norms,
+                   double max_norm, double scale, const std::string& name) {
+  if (squared_norms.empty())
+    throw std::invalid_argument(name + ": the clip factor needs at least one squared norm");
+  const unsigned tile = graph.tile_of(squared_norms[0]);
+  std::vector<Tensor> local;
+  for (std::size_t i = 0; i < squared_norms.size(); ++i)
+    local.push_back(
+        on_tile(graph, prog, squared_norms[i], tile, name + "/squared_norm" + std::to_string(i))
+            .flatten());
+  Tensor out = graph.add_variable(DType::f32, {}, name);
+  graph.set_tile_mapping(out, tile);
+  ComputeSetId cs = graph.add_compute_set(name);
+  graph.add_vertex(cs, {"ClipFactor", tile, {local, {out}}, {max_norm, scale}});
+  prog.add(Program::execute(cs));
+  return out;
+}
+
+void lamb_update(Graph& graph, Program& prog, const std::vector<LambTensors>& params,
+                 const TileCopies& coefficients, const LambOptions& o, const std::string& name) {
+  ComputeSetId moments_cs = graph.add_compute_set(name + "/moments");
+  ComputeSetId trust_cs = graph.add_compute_set(name + "/trust");
+  ComputeSetId update_cs = graph.add_compute_set(name + "/update");
+  std::vector<std::pair<Tensor, Tensor>> to_trust, from_trust;
+  for (std::size_t j = 0; j < params.size(); ++j) {
+    const LambTensors& t = params[j];
+    const std::string pname = name + "/" + std::to_string(j);
+    std::vector<Tensor> operands = {t.grad, t.m, t.v};
+    for (Tensor& x : operands) {
+      if (x.shape() != t.param.shape())
+        throw std::invalid_argument(pname + ": operand of " + std::to_string(x.elements()) +
+                                    " elements for a parameter of " +
+                                    std::to_string(t.param.elements()));
+      x = rearrange_like(graph, prog, x, t.param, pname + "/operand").flatten();
+    }
+    std::vector<std::pair<unsigned, std::pair<std::size_t, std::size_t>>> pieces;
+    for_each_worker_piece(graph, t.param, kMinElementsPerWorker,
+                          [&](unsigned tile, std::size_t b, std::size_t e) {
+                            pieces.push_back({tile, {b, e}});
+                          });
+    const unsigned trust_tile = pieces.front().first;
+    Tensor norms = graph.add_variable(DType::f32, {pieces.size(), 2}, pname + "/norms",
+                                      MemoryCategory::temporary);
+    Tensor gathered = graph.add_variable(DType::f32, {pieces.size(), 2}, pname + "/gathered",
+                                         MemoryCategory::temporary);
+    graph.set_tile_mapping(gathered, trust_tile);
+    Tensor trust = graph.add_variable(DType::f32, {}, pname + "/trust", MemoryCategory::temporary);
+    graph.set_tile_mapping(trust, trust_tile);
+    std::vector<unsigned> tiles;
+    for (const auto& piece : pieces)
+      if (std::find(tiles.begin(), tiles.end(), piece.first) == tiles.end())
+        tiles.push_back(piece.first);
+    Tensor trust_copies = graph.add_variable(DType::f32, {tiles.size()}, pname + "/trust_copies",
+                                             MemoryCategory::temporary);
+    std::vector<Tensor> norm_rows;
+    const Tensor pf = t.param.flatten();
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      const auto [tile, range] = pieces[i];
+      const auto [b, e] = range;
+      graph.set_tile_mapping(norms.row(i), tile);
+      graph.add_vertex(moments_cs, {"LambMoments",
+                                    tile,
+                                    {{pf.slice(b, e)},
+                                     {operands[0].slice(b, e)},
+                                     {operands[1].slice(b, e)},
+                                     {operands[2].slice(b, e)},
+                                     {coefficients.on(tile, pname)},
+                                     {norms.row(i)}},
+                                    {o.beta1, o.beta2, o.eps, o.weight_decay, o.grad_scale}});
+      norm_rows.push_back(gathered.row(i));
+      const std::size_t slot = std::find(tiles.begin(), tiles.end(), tile) - tiles.begin();
+      graph.add_vertex(update_cs, {"LambUpdate",
+                                   tile,
+                                   {{pf.slice(b, e)},
+                                    {operands[1].slice(b, e)},
+                                    {operands[2].slice(b, e)},
+                                    {coefficients.on(tile, pname)},
+                                    {trust_copies.slice(slot, slot + 1)}},
+                                   {o.beta1, o.beta2, o.eps, o.weight_decay}});
+    }
+    for (std::size_t i = 0; i < tiles.size(); ++i) {
+      graph.set_tile_mapping(trust_copies.slice(i, i + 1), tiles[i]);
+      from_trust.emplace_back(trust.flatten(), trust_copies.slice(i, i + 1));
+    }
+    to_trust.emplace_back(norms, gathered);
+    graph.add_vertex(trust_cs, {"LambTrust", trust_tile, {norm_rows, {trust.flatten()}}, {}});
+  }
+  prog.add(Program::execute(moments_cs));
+  prog.add(Program::copy(std::move(to_trust)));
+  prog.add(Program::execute(trust_cs));
+  prog.add(Program::copy(std::move(from_trust)));
+  prog.add(Program::execute(update_cs));
 }
 
 }  // namespace ops

@@ -1,6 +1,6 @@
-// Optimizer op library: the step counter, the learning-rate schedule and the fused per-element
-// updates of SGD with momentum and Adam/AdamW, applied in place on the tiles that hold each
-// parameter (what PopLibs' optimiser updates are to Poplar).
+// Optimizer op library: the step counter, the learning-rate schedule, gradient clipping by the
+// global norm and the fused per-element updates of SGD with momentum, Adam/AdamW and LAMB,
+// applied in place on the tiles that hold each parameter (PopLibs' optimiser updates to Poplar).
 #pragma once
 
 #include <optional>
@@ -69,5 +69,33 @@ struct MomentumOptions {
 void sgd_momentum_update(Graph& graph, Program& prog, const Tensor& param, const Tensor& grad,
                          const Tensor& velocity, const TileCopies& coefficients,
                          const MomentumOptions& options, const std::string& name);
+
+// Gradient clipping by the global norm, in stages so that the norm can span IPUs:
+// sum_of_squares gives the squared L2 norm of scale * (x0, x1, ...) on `tile` (one partial per
+// worker piece, then their sum); clip_factor takes every such squared norm of the step (one per
+// pipeline stage, in stage order, all on its first's tile) and gives
+// min(1, max_norm / (sqrt(their sum) + 1e-6)) * scale (just scale when max_norm <= 0), on the
+// first's tile. Sums are taken in double, the norm rounded to float, as the reference does.
+Tensor sum_of_squares(Graph& graph, Program& prog, const std::vector<Tensor>& xs, double scale,
+                      unsigned tile, const std::string& name);
+Tensor clip_factor(Graph& graph, Program& prog, const std::vector<Tensor>& squared_norms,
+                   double max_norm, double scale, const std::string& name);
+
+// LAMB, for several parameters at once: the Adam moments updated from the gradient, then
+// u = (m / (1 - beta1^step)) / (sqrt(v / (1 - beta2^step)) + eps) + weight_decay * param and
+// param -= rate * trust * u with the trust ratio ||param|| / ||u|| (1 if either is 0) of each
+// parameter. Three compute sets and two exchanges for all of them: moments and partial norms,
+// the trust ratios (each on its parameter's first tile), the updates. `coefficients` are
+// step_coefficients(lamb) copied onto the parameters' tiles.
+struct LambTensors {
+  Tensor param, grad, m, v;
+};
+struct LambOptions {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-6, weight_decay = 0;
+  double grad_scale = 1;  // as AdamOptions::grad_scale
+};
+void lamb_update(Graph& graph, Program& prog, const std::vector<LambTensors>& params,
+                 const TileCopies& coefficients, const LambOptions& options,
+                 const std::string& name);
 
 }  // namespace ipupod::ipu::ops

@@ -115,15 +115,17 @@ TEST(Compiler, OneReplicaMatchesTheInterpreterStepForStep) {
   EXPECT_GT(engine.cycles().host, 0u);
 }
 
-// Adam, AdamW and momentum SGD with a warm-up and a decaying schedule, lowered onto the tiles:
-// three optimizer steps (device iterations) of `accumulation` micro-batches each against the
-// interpreter's, losses and weights.
+// Adam, AdamW, LAMB and momentum SGD with a warm-up and a decaying schedule, with and without
+// clipping by the global norm, lowered onto the tiles: three optimizer steps (device
+// iterations) of `accumulation` micro-batches each against the interpreter's, losses and weights.
 struct OptimizerCase {
   models::OptimizerKind kind;
   models::ScheduleKind schedule;
   double weight_decay;
   bool nesterov;
   std::size_t accumulation = 1;
+  double clip_norm = 0;      // 0: no clipping
+  bool clip_active = false;  // the gradients' global norm exceeds clip_norm at every step
 };
 class StatefulOptimizer : public ::testing::TestWithParam<OptimizerCase> {};
 
@@ -140,6 +142,7 @@ TEST_P(StatefulOptimizer, MatchesTheInterpreterStepForStep) {
   o.optimizer.schedule.kind = GetParam().schedule;
   o.optimizer.schedule.warmup_steps = 1;
   o.optimizer.schedule.total_steps = 3;
+  o.optimizer.clip_global_norm = GetParam().clip_norm;
   const models::Model model = models::build_model("mlp", o);
   const std::size_t steps = 3, seed = 4, k = GetParam().accumulation, micro_batches = steps * k;
   CompiledModel compiled =
@@ -189,6 +192,11 @@ TEST_P(StatefulOptimizer, MatchesTheInterpreterStepForStep) {
       reference.set(grad, mean);
     }
     reference.run({models::Phase::optimizer});
+    for (const auto& op : model.graph.ops()) {
+      if (op.kind != models::OpKind::global_norm) continue;
+      EXPECT_EQ(reference.get(*op.output).f[0] > GetParam().clip_norm, GetParam().clip_active)
+          << "step " << step << ": global norm " << reference.get(*op.output).f[0];
+    }
   }
   std::size_t states = 0;
   for (const auto& [id, tensor] : compiled.initial_values) {  // weights, moments, step counter
@@ -221,7 +229,16 @@ INSTANTIATE_TEST_SUITE_P(
         OptimizerCase{models::OptimizerKind::adamw, models::ScheduleKind::step, 0.1, false, 3},
         OptimizerCase{models::OptimizerKind::sgd_momentum, models::ScheduleKind::cosine, 0.01, true,
                       2},
-        OptimizerCase{models::OptimizerKind::sgd, models::ScheduleKind::constant, 0, false}));
+        OptimizerCase{models::OptimizerKind::sgd, models::ScheduleKind::constant, 0, false},
+        OptimizerCase{models::OptimizerKind::lamb, models::ScheduleKind::cosine, 0.01, false, 2},
+        OptimizerCase{models::OptimizerKind::lamb, models::ScheduleKind::constant, 0, false, 1,
+                      0.05, true},
+        OptimizerCase{models::OptimizerKind::adam, models::ScheduleKind::step, 0, false, 2, 0.05,
+                      true},
+        OptimizerCase{models::OptimizerKind::sgd_momentum, models::ScheduleKind::constant, 0, false,
+                      3, 100, false},
+        OptimizerCase{models::OptimizerKind::sgd_momentum, models::ScheduleKind::constant, 0, false,
+                      2, 0.05, true}));
 
 // Trains `model` split into `stages` IPUs (one engine each, on its own thread, bound to an
 // in-process fabric) for `steps` host steps; returns the final weights by name and the losses.
@@ -353,6 +370,38 @@ TEST(Compiler, PipelinedStagesTrainExactlyLikeOneIpu) {
       for (std::size_t i = 0; i < one.losses.size(); ++i)
         EXPECT_EQ(one.losses[i], split.losses[i]) << what << ", micro-batch " << i;
       EXPECT_GT(split.cycles, 0u);
+    }
+  }
+}
+
+// Clipping by the global norm spans the stages: each stage's squared norm reaches the others,
+// so a pipeline clips (and LAMB, Adam update) as one IPU does, up to the order of the sums.
+TEST(Compiler, PipelinedStagesClipByTheNormOfEveryStagesGradients) {
+  models::ModelOptions o;
+  o.micro_batch = 4;
+  o.sample_shape = {1, 3, 5};
+  o.classes = 3;
+  o.hidden = {11, 7, 6};
+  o.learning_rate = 0.01;
+  const std::size_t accumulation = 4, steps = 3;
+  o.optimizer.eps = 1e-3;  // clipping all gradients alike moves Adam's and LAMB's steps via eps
+  for (auto kind : {models::OptimizerKind::lamb, models::OptimizerKind::sgd_momentum}) {
+    o.optimizer.kind = kind;
+    o.optimizer.clip_global_norm = 0;
+    const PipelineRun unclipped = run_pipeline(o, 1, true, accumulation, steps);
+    o.optimizer.clip_global_norm = 1e-3;  // below the gradients' norm: every step clips
+    const PipelineRun one = run_pipeline(o, 1, true, accumulation, steps);
+    EXPECT_NE(one.weights, unclipped.weights) << "clipping changes nothing: raise the norm";
+    for (std::size_t stages : {2, 4}) {
+      const PipelineRun split = run_pipeline(o, stages, true, accumulation, steps);
+      const std::string what =
+          std::string(models::optimizer_name(kind)) + ", " + std::to_string(stages) + " stages";
+      ASSERT_EQ(split.weights.size(), one.weights.size()) << what;
+      for (const auto& [name, w] : one.weights) {
+        const auto& got = split.weights.at(name);
+        for (std::size_t i = 0; i < w.size(); ++i)
+          ASSERT_NEAR(got[i], w[i], 1e-6 + 1e-5 * std::abs(w[i])) << what << ": " << name << i;
+      }
     }
   }
 }

@@ -236,9 +236,9 @@ TEST_F(PodTrain, UsageErrorsExitTwoAndHelpDescribesEveryOption) {
   expect_bad_input(run(train + " --config " + config.string()), "is not valid JSON");
   const Result help = run(std::string(IPUPOD_BINARY) + " train --help");
   EXPECT_EQ(help.exit_code, 0);
-  for (const char* option :
-       {"--model", "--data", "--replicas", "--stages", "--micro-batch", "--gradient-accumulation",
-        "--device-iterations", "--epochs", "--arch", "--run-dir", "--config", "--recompute"})
+  for (const char* option : {"--model", "--data", "--replicas", "--stages", "--micro-batch",
+                             "--gradient-accumulation", "--device-iterations", "--epochs", "--arch",
+                             "--run-dir", "--config", "--recompute", "--clip-norm", "lamb"})
     EXPECT_NE(help.output.find(option), std::string::npos) << option;
 }
 
