@@ -388,12 +388,12 @@ TEST(Compiler, PipelinedStagesClipByTheNormOfEveryStagesGradients) {
   for (auto kind : {models::OptimizerKind::lamb, models::OptimizerKind::sgd_momentum}) {
     o.optimizer.kind = kind;
     o.optimizer.clip_global_norm = 0;
-    const PipelineRun unclipped = run_pipeline(o, 1, true, accumulation, steps);
+    const PipelineRun unclipped = run_pipeline(o, 1, {}, accumulation, steps);
     o.optimizer.clip_global_norm = 1e-3;  // below the gradients' norm: every step clips
-    const PipelineRun one = run_pipeline(o, 1, true, accumulation, steps);
+    const PipelineRun one = run_pipeline(o, 1, {}, accumulation, steps);
     EXPECT_NE(one.weights, unclipped.weights) << "clipping changes nothing: raise the norm";
     for (std::size_t stages : {2, 4}) {
-      const PipelineRun split = run_pipeline(o, stages, true, accumulation, steps);
+      const PipelineRun split = run_pipeline(o, stages, {}, accumulation, steps);
       const std::string what =
           std::string(models::optimizer_name(kind)) + ", " + std::to_string(stages) + " stages";
       ASSERT_EQ(split.weights.size(), one.weights.size()) << what;
