@@ -167,14 +167,14 @@ Engine::~Engine() = default;
 
 namespace {
 
-// Live range of a variable in the order program steps run: [first, last] step positions.
+// Live range of a variable in the order program steps run: [first, last] step positions, made
+// of segments with holes between them where its value is dead (after its last read, before a
+// step that overwrites it whole); other variables may use its bytes in a hole.
 struct LiveRange {
   std::size_t first = SIZE_MAX, last = 0;
   int program = -1;
   bool whole_run = false;  // used by several programs or by none: live throughout
-  bool overlaps(const LiveRange& o) const {
-    return whole_run || o.whole_run || (first <= o.last && o.first <= last);
-  }
+  std::vector<std::pair<std::size_t, std::size_t>> segments;  // [begin, end], in order
 };
 
 // Walks the program trees, numbering every step that touches tile memory. A loop body runs
@@ -236,17 +236,17 @@ class LivenessWalk {
     }
     return covered >= graph_.variable(a.var).elements;
   }
-  // Closes the step at position_: live ranges grow to it, and each open loop in whose body this
+  // Closes the step at position_: live ranges grow to it (a step that overwrites a variable
+  // whole, unconditionally, starts a new segment of it), and each open loop in whose body this
   // is the variable's first touch learns whether the value may come from an earlier iteration.
   void end_step() {
     for (std::size_t i = 0; i < step_used_; ++i) {
       StepAccess& a = step_[i];
       step_slot_[a.var] = kNone;
       const std::size_t last = last_touch_[a.var];
-      bool whole = false, checked = false;
+      const bool whole = writes_whole(a);
       for (Loop& loop : loops_) {
         if (last != kNever && last >= loop.begin) continue;  // touched earlier in this body
-        if (!checked) whole = writes_whole(a), checked = true;
         if (!whole) loop.carried.push_back(a.var);
       }
       last_touch_[a.var] = position_;
@@ -255,9 +255,28 @@ class LivenessWalk {
       r.program = program_;
       r.first = std::min(r.first, position_);
       r.last = std::max(r.last, position_);
+      // A write in a branch that may not run leaves the old value possibly live.
+      if (r.segments.empty() || (whole && conditional_ == 0))
+        r.segments.emplace_back(position_, position_);
+      else
+        r.segments.back().second = position_;
     }
     step_used_ = 0;
     ++position_;
+  }
+  // A variable carried around a loop is live over the whole loop, from the value that enters
+  // it: its segments from the last one begun before the loop are merged into one.
+  void carry(LiveRange& r, std::size_t begin, std::size_t end) {
+    r.first = std::min(r.first, begin);
+    r.last = std::max(r.last, end);
+    auto& segments = r.segments;
+    while (!segments.empty() && segments.back().first >= begin) segments.pop_back();
+    std::size_t from = begin;
+    if (!segments.empty()) {
+      from = segments.back().first;
+      segments.pop_back();
+    }
+    segments.emplace_back(from, end);
   }
   void reads(const std::vector<Tensor>& tensors) {
     for (const auto& t : tensors) access(t, false);
@@ -269,24 +288,26 @@ class LivenessWalk {
         return;
       case Program::Kind::repeat:
       case Program::Kind::repeat_while_true: {
+        // A while loop's body may not run at all; a repeat's runs at least once (count >= 1).
+        const bool may_skip = p.kind() == Program::Kind::repeat_while_true || p.count() == 0;
         loops_.push_back({position_, {}});
         reads(p.tensors());
         end_step();
+        conditional_ += may_skip ? 1 : 0;
         for (const auto& c : p.children()) walk(c);
+        conditional_ -= may_skip ? 1 : 0;
         Loop loop = std::move(loops_.back());
         loops_.pop_back();
         const std::size_t end = position_;  // the step that jumps back to the top
-        for (VariableId id : loop.carried) {
-          LiveRange& r = ranges_.at(id);
-          r.first = std::min(r.first, loop.begin);
-          r.last = std::max(r.last, end);
-        }
+        for (VariableId id : loop.carried) carry(ranges_.at(id), loop.begin, end);
         break;
       }
       case Program::Kind::if_else:
         reads({p.tensors()[0]});
         end_step();
+        ++conditional_;
         for (const auto& c : p.children()) walk(c);
+        --conditional_;
         return;
       case Program::Kind::execute: {
         const auto& registry = CodeletRegistry::builtin();
@@ -330,6 +351,7 @@ class LivenessWalk {
   std::vector<Loop> loops_;  // open loops, outermost first
   std::size_t position_ = 0;
   int program_ = -1;
+  int conditional_ = 0;  // depth of branches and loops that may be skipped around this step
 };
 
 struct Placement {
@@ -337,41 +359,101 @@ struct Placement {
   const LiveRange* range;
 };
 
-// The free bytes of one tile above its always-live data, as blocks offset -> size; blocks that
-// touch are merged, and the last block runs to the top of the address space.
-class FreeBlocks {
+// Per tile: places variables one by one at the lowest offset not used by any placed variable
+// whose live range meets theirs. Every segment of the tile is known up front: sorted by first
+// step, under a tree of the latest last step of the placed ones, so finding the placed
+// segments that meet a range costs about the number found, not the number placed.
+class TileLayout {
  public:
-  explicit FreeBlocks(std::size_t floor) { blocks_[floor] = kTop - floor; }
-  // The lowest offset with `bytes` free, taken out of its block.
-  std::size_t take(std::size_t bytes) {
-    for (auto it = blocks_.begin(); it != blocks_.end(); ++it) {
-      if (it->second < bytes) continue;
-      const auto [offset, size] = *it;
-      blocks_.erase(it);
-      if (size > bytes) blocks_.emplace(offset + bytes, size - bytes);
-      return offset;
-    }
-    throw std::logic_error("tile address space exhausted");
+  TileLayout(std::size_t floor, const std::vector<const LiveRange*>& ranges) : floor_(floor) {
+    for (std::uint32_t id = 0; id < ranges.size(); ++id)
+      if (!ranges[id]->whole_run)
+        for (const auto& [begin, end] : ranges[id]->segments) segments_.push_back({begin, end, id});
+    std::sort(segments_.begin(), segments_.end(),
+              [](const Segment& a, const Segment& b) { return a.begin < b.begin; });
+    slot_of_.resize(ranges.size());
+    for (std::uint32_t k = 0; k < segments_.size(); ++k) slot_of_[segments_[k].id].push_back(k);
+    leaves_ = 1;
+    while (leaves_ < segments_.size()) leaves_ *= 2;
+    latest_.assign(2 * leaves_, kNone);
+    seen_.assign(ranges.size(), 0);
+    offsets_.resize(ranges.size());
+    bytes_.resize(ranges.size());
   }
-  void give_back(std::size_t offset, std::size_t bytes) {
-    auto next = blocks_.lower_bound(offset);
-    if (next != blocks_.end() && offset + bytes == next->first) {
-      bytes += next->second;
-      next = blocks_.erase(next);
-    }
-    if (next != blocks_.begin()) {
-      auto prev = std::prev(next);
-      if (prev->first + prev->second == offset) {
-        prev->second += bytes;
-        return;
+
+  // Places variable `id` (its live range as given to the constructor) of `bytes` bytes.
+  std::size_t place(std::uint32_t id, const LiveRange& range, std::size_t bytes) {
+    ++stamp_;
+    taken_.clear();
+    const auto consider = [&](std::uint32_t other) {
+      if (seen_[other] == stamp_) return;
+      seen_[other] = stamp_;
+      taken_.emplace_back(offsets_[other], offsets_[other] + bytes_[other]);
+    };
+    for (std::uint32_t other : forever_) consider(other);
+    if (range.whole_run) {
+      for (std::uint32_t other : placed_) consider(other);
+    } else {
+      for (const auto& [begin, end] : range.segments) {
+        const auto upto = static_cast<std::size_t>(
+            std::upper_bound(segments_.begin(), segments_.end(), end,
+                             [](std::size_t e, const Segment& s) { return e < s.begin; }) -
+            segments_.begin());
+        collect(1, 0, leaves_, upto, begin, consider);
       }
     }
-    blocks_.emplace(offset, bytes);
+    std::sort(taken_.begin(), taken_.end());
+    std::size_t offset = floor_;
+    for (const auto& [begin, end] : taken_) {
+      if (begin >= offset + bytes) break;
+      offset = std::max(offset, align_up(end));
+    }
+    offsets_[id] = offset;
+    bytes_[id] = bytes;
+    placed_.push_back(id);
+    if (range.whole_run) {
+      forever_.push_back(id);
+    } else {
+      for (std::uint32_t k : slot_of_[id]) {
+        std::size_t node = leaves_ + k;
+        latest_[node] = segments_[k].end + 1;
+        for (node /= 2; node > 0; node /= 2)
+          latest_[node] = std::max(latest_at(2 * node), latest_at(2 * node + 1));
+      }
+    }
+    return offset;
   }
 
  private:
-  static constexpr std::size_t kTop = std::size_t{1} << 60;
-  std::map<std::size_t, std::size_t> blocks_;
+  static constexpr std::size_t kNone = 0;  // stored as last step + 1: 0 means none placed
+  struct Segment {
+    std::size_t begin, end;
+    std::uint32_t id;
+  };
+  std::size_t latest_at(std::size_t node) const { return latest_[node]; }
+  // Placed segments among the first `upto` (by first step) that end at or after `from`.
+  template <class Visit>
+  void collect(std::size_t node, std::size_t lo, std::size_t hi, std::size_t upto, std::size_t from,
+               Visit& visit) const {
+    if (lo >= upto || latest_[node] == kNone || latest_[node] - 1 < from) return;
+    if (hi - lo == 1) {
+      visit(segments_[lo].id);
+      return;
+    }
+    const std::size_t mid = (lo + hi) / 2;
+    collect(2 * node, lo, mid, upto, from, visit);
+    collect(2 * node + 1, mid, hi, upto, from, visit);
+  }
+
+  std::size_t floor_;
+  std::vector<Segment> segments_;
+  std::vector<std::vector<std::uint32_t>> slot_of_;  // per variable: its segments' places
+  std::size_t leaves_ = 1;
+  std::vector<std::size_t> latest_;  // per tree node: latest end + 1 of its placed segments
+  std::vector<std::uint32_t> placed_, forever_, seen_;
+  std::vector<std::size_t> offsets_, bytes_;
+  std::uint32_t stamp_ = 0;
+  std::vector<std::pair<std::size_t, std::size_t>> taken_;
 };
 
 }  // namespace
@@ -443,44 +525,37 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
       const std::size_t ba = born(a), bb = born(b);
       return ba != bb ? ba < bb : a->bytes > b->bytes;
     });
-    FreeBlocks free(floor);
-    struct Live {
-      std::size_t last, offset, bytes;
-      bool operator>(const Live& o) const { return last > o.last; }
-    };
-    std::priority_queue<Live, std::vector<Live>, std::greater<>> alive;
+    std::vector<const LiveRange*> rest_ranges;
+    for (const Item* it : rest) rest_ranges.push_back(&ranges[it->var]);
+    TileLayout layout(floor, rest_ranges);
     std::vector<Placement> placed;
     placed.reserve(rest.size());
     std::size_t high = floor;
-    for (const Item* it : rest) {
+    for (std::uint32_t k = 0; k < rest.size(); ++k) {
+      const Item* it = rest[k];
       const LiveRange& range = ranges[it->var];
-      if (!range.whole_run)
-        while (!alive.empty() && alive.top().last < range.first) {
-          free.give_back(alive.top().offset, alive.top().bytes);
-          alive.pop();
-        }
-      const std::size_t bytes = align_up(it->bytes);
-      const std::size_t offset = free.take(bytes);
-      if (!range.whole_run) alive.push({range.last, offset, bytes});
+      const std::size_t offset = layout.place(k, range, align_up(it->bytes));
       interval_offsets_[it->var][it->interval] = offset;
       placed.push_back({offset, it->bytes, &range});
       high = std::max(high, offset + it->bytes);
     }
     tm.not_always_live = rest.empty() ? 0 : high - top;
     // Peak of simultaneously live bytes, to tell sharing apart from fragmentation.
-    std::vector<std::pair<std::size_t, std::ptrdiff_t>> events;
+    std::vector<std::pair<std::size_t, std::ptrdiff_t>> changes;
     std::size_t whole = 0;
     for (const auto& p : placed) {
       if (p.range->whole_run) {
         whole += p.bytes;
         continue;
       }
-      events.emplace_back(p.range->first, static_cast<std::ptrdiff_t>(p.bytes));
-      events.emplace_back(p.range->last + 1, -static_cast<std::ptrdiff_t>(p.bytes));
+      for (const auto& [begin, end] : p.range->segments) {
+        changes.emplace_back(begin, static_cast<std::ptrdiff_t>(p.bytes));
+        changes.emplace_back(end + 1, -static_cast<std::ptrdiff_t>(p.bytes));
+      }
     }
-    std::sort(events.begin(), events.end());
+    std::sort(changes.begin(), changes.end());
     std::ptrdiff_t live = 0, peak = 0;
-    for (const auto& [pos, delta] : events) peak = std::max(peak, live += delta);
+    for (const auto& [pos, delta] : changes) peak = std::max(peak, live += delta);
     tm.peak_live = std::min(tm.not_always_live, whole + static_cast<std::size_t>(peak));
     used[t] = high;
     for (const auto& [id, bytes] : var_bytes)
