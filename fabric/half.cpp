@@ -2,6 +2,7 @@
 // or the CPU's half-precision support.
 #include "fabric/half.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <string>
@@ -27,6 +28,8 @@ constexpr std::uint32_t kRebias = 112U << kFloatMantissaBits;
 constexpr std::uint32_t kHalfOverflow = 0x477FF000U;
 // 2^-14, the smallest normal float16.
 constexpr std::uint32_t kHalfSmallestNormal = 0x38800000U;
+// 2^16: the first magnitude stochastic rounding sends to infinity whatever the draw.
+constexpr std::uint32_t kHalfAlwaysInfinite = 0x47800000U;
 // 2^-25, half the smallest subnormal: at or below it (tie to even = 0) the result is zero.
 constexpr std::uint32_t kHalfUnderflow = 0x33000000U;
 
@@ -73,6 +76,30 @@ Half to_half(float value) {
     const int exponent = static_cast<int>(magnitude >> kFloatMantissaBits);
     const std::uint32_t full = (magnitude & kFloatMantissa) | kFloatImplicitOne;
     result = shift_right_rounding_to_even(full, 126 - exponent);
+  }
+  return Half{static_cast<std::uint16_t>(sign | result)};
+}
+
+Half to_half_stochastic(float value, std::uint64_t random) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
+  const std::uint32_t magnitude = bits & ~kFloatSignBit;
+  if (magnitude > kFloatInfinity) return to_half(value);  // NaN
+  const auto sign = static_cast<std::uint16_t>((bits & kFloatSignBit) >> 16);
+  std::uint64_t result = kHalfInfinity;
+  if (magnitude < kHalfSmallestNormal) {
+    // Subnormal or zero: value / 2^-24 = full mantissa x 2^-shift; the dropped bits plus as many
+    // random bits carry into the kept ones with exactly the dropped fraction's probability.
+    const std::uint32_t exponent = std::max<std::uint32_t>(magnitude >> kFloatMantissaBits, 1);
+    const std::uint64_t full =
+        (magnitude & kFloatMantissa) | (magnitude >= kFloatImplicitOne ? kFloatImplicitOne : 0);
+    const std::uint32_t shift = 126 - exponent;
+    // Below 2^-88 the chance of rounding up is under 2^-64: zero.
+    result = shift >= 64 ? 0 : (full + (random & ((std::uint64_t{1} << shift) - 1U))) >> shift;
+  } else if (magnitude < kHalfAlwaysInfinite) {
+    // A carry out of the mantissa bumps the exponent, up to infinity from just below 2^16.
+    const std::uint32_t dropped_bits = (1U << kMantissaShift) - 1U;
+    result = ((magnitude - kRebias) + (static_cast<std::uint32_t>(random) & dropped_bits)) >>
+             kMantissaShift;
   }
   return Half{static_cast<std::uint16_t>(sign | result)};
 }

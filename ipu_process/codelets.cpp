@@ -44,16 +44,32 @@ const Codelet& CodeletRegistry::get(const std::string& name) const {
   return it->second;
 }
 
+const char* rounding_name(Rounding rounding) {
+  return rounding == Rounding::stochastic ? "stochastic" : "nearest_even";
+}
+
+std::uint64_t counter_hash(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 std::uint64_t vector_cycles(const ArchPreset& arch, std::size_t elements,
-                            std::size_t instructions_per_vector) {
-  const std::size_t vectors = (elements + arch.fp32_vector_width - 1) / arch.fp32_vector_width;
+                            std::size_t instructions_per_vector, DType dtype) {
+  const std::size_t lanes = arch.fp32_vector_width * sizeof(float) / dtype_size(dtype);
+  const std::size_t vectors = (elements + lanes - 1) / lanes;
   return arch.vertex_overhead_cycles +
          static_cast<std::uint64_t>(vectors * instructions_per_vector) * arch.workers_per_tile;
 }
 
-std::uint64_t amp_cycles(const ArchPreset& arch, double flops) {
+std::uint64_t amp_cycles(const ArchPreset& arch, double flops, DType dtype) {
   // One worker gets 1/workers of the tile's issue slots, hence of its AMP rate.
-  const double per_worker = arch.fp32_flops_per_cycle_per_tile / arch.workers_per_tile;
+  // A preset file without an FP16 figure computes float16 at the FP32 rate.
+  const double rate = dtype == DType::f16 && arch.fp16_flops_per_cycle_per_tile > 0
+                          ? arch.fp16_flops_per_cycle_per_tile
+                          : arch.fp32_flops_per_cycle_per_tile;
+  const double per_worker = rate / arch.workers_per_tile;
   return arch.vertex_overhead_cycles + static_cast<std::uint64_t>(std::ceil(flops / per_worker));
 }
 

@@ -19,7 +19,17 @@ namespace ipupod::ipu {
 struct Region {
   std::byte* data = nullptr;
   std::size_t elements = 0;
+  DType dtype = DType::f32;
 };
+
+// How float32 results are rounded when stored as float16 (Poplar's floating-point behaviour):
+// to nearest with ties to even, or stochastically (unbiased, from a counter-based generator).
+enum class Rounding : std::uint8_t { nearest_even, stochastic };
+const char* rounding_name(Rounding rounding);
+
+// The counter-based generator behind random masks and stochastic rounding (SplitMix64): the same
+// key always gives the same draw, whatever thread or order computes it.
+std::uint64_t counter_hash(std::uint64_t key);
 
 // What a vertex's compute function may touch: its own regions and its parameters.
 class VertexContext {
@@ -52,6 +62,10 @@ struct Codelet {
   // uses them: a value written whole at the top of a loop body does not carry from the
   // previous iteration, so its bytes can be shared. Unlisted fields count as read.
   std::vector<std::string> outputs = {};
+  // float16 regions reach most codelets as float32 values (the engine widens them, and rounds
+  // what the codelet changed back to float16, as the AMP and vector units accumulate in
+  // float32). A codelet that converts between the two itself sees their 16-bit storage.
+  bool reads_float16_storage = false;
 };
 
 class CodeletRegistry {
@@ -66,9 +80,11 @@ class CodeletRegistry {
 };
 
 // Cost helpers shared by the codelets' estimators.
+// A vector instruction covers the SIMD width's worth of elements of the dtype (twice as many
+// float16 as float32); the AMP runs at the preset's FP16 rate for float16 operands.
 std::uint64_t vector_cycles(const ArchPreset& arch, std::size_t elements,
-                            std::size_t instructions_per_vector);
-std::uint64_t amp_cycles(const ArchPreset& arch, double flops);
+                            std::size_t instructions_per_vector, DType dtype = DType::f32);
+std::uint64_t amp_cycles(const ArchPreset& arch, double flops, DType dtype = DType::f32);
 
 // Each op library registers its codelets here (called once by CodeletRegistry::builtin).
 void register_elementwise_codelets(CodeletRegistry& registry);

@@ -11,6 +11,8 @@
 #include <set>
 #include <sstream>
 
+#include "fabric/half.hpp"
+
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
@@ -51,6 +53,7 @@ struct Engine::CompiledComputeSet {
     const Codelet* codelet;
     unsigned tile;
     std::size_t field_begin, field_count, param_begin, param_count;
+    bool widens_float16 = false;  // has float16 regions and sees them as float32
   };
   std::vector<Region> regions;
   std::vector<std::size_t> region_bytes;  // of each region
@@ -61,10 +64,80 @@ struct Engine::CompiledComputeSet {
   std::vector<std::size_t> tile_begin, by_tile;
   std::uint64_t cycles = 0;  // max over tiles of the busiest worker
 
-  void run_vertex(std::size_t i) const {
+  // Vertex i of the compute set's `run`-th execution in the engine's life (keys stochastic
+  // rounding, so draws differ from run to run but not with the thread count).
+  void run_vertex(std::size_t i, const Float16Stores& stores, std::uint64_t run) const {
     const VertexRuntime& v = vertices[i];
-    v.codelet->compute(VertexContext(std::span(fields).subspan(v.field_begin, v.field_count),
-                                     std::span(params).subspan(v.param_begin, v.param_count)));
+    const auto vertex_fields = std::span(fields).subspan(v.field_begin, v.field_count);
+    const auto vertex_params = std::span(params).subspan(v.param_begin, v.param_count);
+    if (v.widens_float16)
+      run_widened(v, vertex_fields, vertex_params, stores.rounding,
+                  counter_hash(counter_hash(stores.seed ^ counter_hash(run)) + i));
+    else
+      v.codelet->compute(VertexContext(vertex_fields, vertex_params));
+  }
+
+ private:
+  // Gives the codelet float32 copies of its float16 regions, then stores back, rounded, each
+  // element whose float16 value the codelet changed (untouched inputs are never written, so
+  // vertices that share an input on a tile do not race).
+  static void run_widened(const VertexRuntime& v, std::span<const std::span<const Region>> in,
+                          std::span<const double> vertex_params, Rounding rounding,
+                          std::uint64_t key) {
+    struct Scratch {
+      std::vector<float> values;
+      std::vector<std::uint16_t> before;
+      std::vector<Region> regions;
+      std::vector<std::span<const Region>> fields;
+    };
+    thread_local Scratch s;
+    std::size_t halves = 0, count = 0;
+    for (const auto& f : in)
+      for (const Region& r : f) {
+        ++count;
+        if (r.dtype == DType::f16) halves += r.elements;
+      }
+    s.values.resize(halves);
+    s.before.resize(halves);
+    s.regions.clear();
+    s.regions.reserve(count);
+    std::size_t at = 0;
+    for (const auto& f : in)
+      for (const Region& r : f) {
+        if (r.dtype != DType::f16) {
+          s.regions.push_back(r);
+          continue;
+        }
+        std::memcpy(s.before.data() + at, r.data, r.elements * sizeof(std::uint16_t));
+        for (std::size_t j = 0; j < r.elements; ++j)
+          s.values[at + j] = fabric::to_float(fabric::Half{s.before[at + j]});
+        s.regions.push_back(
+            {reinterpret_cast<std::byte*>(s.values.data() + at), r.elements, DType::f32});
+        at += r.elements;
+      }
+    s.fields.clear();
+    std::size_t cursor = 0;
+    for (const auto& f : in) {
+      s.fields.emplace_back(s.regions.data() + cursor, f.size());
+      cursor += f.size();
+    }
+    v.codelet->compute(VertexContext(s.fields, vertex_params));
+    at = 0;
+    std::uint64_t region_index = 0;
+    for (const auto& f : in)
+      for (const Region& r : f) {
+        ++region_index;
+        if (r.dtype != DType::f16) continue;
+        const std::uint64_t region_key = counter_hash(key + region_index);
+        auto* out = reinterpret_cast<std::uint16_t*>(r.data);
+        for (std::size_t j = 0; j < r.elements; ++j, ++at) {
+          const float x = s.values[at];
+          const fabric::Half h = rounding == Rounding::stochastic
+                                     ? fabric::to_half_stochastic(x, counter_hash(region_key + j))
+                                     : fabric::to_half(x);
+          if (h.bits != s.before[at]) std::memcpy(out + j, &h.bits, sizeof h.bits);
+        }
+      }
   }
 };
 
@@ -718,8 +791,11 @@ Engine::Node Engine::compile(const Program& p) {
                                      "): field '" + codelet.fields[f] + "' region " +
                                      graph_.describe(region) +
                                      " is not contiguous in tile memory; split it into regions");
-            ccs->regions.push_back(pieces.empty() ? Region{}
-                                                  : Region{pieces[0].data, region.elements()});
+            ccs->regions.push_back(pieces.empty()
+                                       ? Region{nullptr, 0, region.dtype()}
+                                       : Region{pieces[0].data, region.elements(), region.dtype()});
+            rt.widens_float16 = rt.widens_float16 ||
+                                (region.dtype() == DType::f16 && !codelet.reads_float16_storage);
             ccs->region_bytes.push_back(region.elements() * dtype_size(region.dtype()));
           }
         }
@@ -907,6 +983,7 @@ void Engine::execute(const Node& node) {
       break;
     case Program::Kind::execute: {
       const CompiledComputeSet& cs = *compute_sets_[node.index];
+      const std::uint64_t run = compute_set_runs_++;
       if (node.exchange) {
         // The exchange before it and the compute set, tile by tile: a tile's operands are still
         // in the host's cache when its vertices read them.
@@ -916,7 +993,7 @@ void Engine::execute(const Node& node) {
             for (std::size_t i = ex.tile_begin[t]; i < ex.tile_begin[t + 1]; ++i)
               std::memcpy(ex.transfers[i].dst, ex.transfers[i].src, ex.transfers[i].bytes);
             for (std::size_t i = cs.tile_begin[t]; i < cs.tile_begin[t + 1]; ++i)
-              cs.run_vertex(cs.by_tile[i]);
+              cs.run_vertex(cs.by_tile[i], options_.float16_stores, run);
           }
         });
         account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");
@@ -924,7 +1001,7 @@ void Engine::execute(const Node& node) {
       } else {
         // Vertices of a compute set write disjoint memory, so any split of them is exact.
         pool_->parallel_for(cs.vertices.size(), [&](std::size_t b, std::size_t e) {
-          for (std::size_t i = b; i < e; ++i) cs.run_vertex(i);
+          for (std::size_t i = b; i < e; ++i) cs.run_vertex(i, options_.float16_stores, run);
         });
       }
       account("compute", &CycleBreakdown::compute, cs.cycles, node.name);

@@ -63,10 +63,19 @@ class OutOfMemoryError : public std::runtime_error {
   MemoryReport report_;
 };
 
+// How vertices store float32 results into float16 memory (like Poplar's stochastic-rounding
+// floating-point behaviour, it applies to the whole device). Stochastic draws are keyed by the
+// seed, the compute set's execution count, the vertex, the region and the element.
+struct Float16Stores {
+  Rounding rounding = Rounding::nearest_even;
+  std::uint64_t seed = 0;
+};
+
 struct EngineOptions {
   bool allow_out_of_memory = false;  // finish the compile and keep the report instead of failing
   unsigned threads = 1;              // host threads executing a compute set's vertices
   std::size_t trace_events = 0;      // record the first N timeline events (0: no trace)
+  Float16Stores float16_stores = {};
 };
 
 // One step of the predicted timeline, in cycles since the engine was built.
@@ -172,6 +181,7 @@ class Engine {
   std::map<std::string, std::function<void(std::span<const std::byte>)>> outputs_;
   CollectiveBinding collectives_;
   CycleBreakdown cycles_;
+  std::uint64_t compute_set_runs_ = 0;  // executions so far, keys stochastic rounding
   std::vector<TraceEvent> trace_;
   std::vector<std::byte> staging_;
   std::unique_ptr<ThreadPool> pool_;

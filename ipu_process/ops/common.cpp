@@ -6,8 +6,9 @@
 namespace ipupod::ipu::ops {
 
 Tensor clone_like(Graph& graph, const Tensor& like, std::string name, MemoryCategory category,
-                  DType dtype) {
-  Tensor out = graph.add_variable(dtype, like.shape(), std::move(name), category);
+                  std::optional<DType> dtype) {
+  Tensor out =
+      graph.add_variable(dtype.value_or(like.dtype()), like.shape(), std::move(name), category);
   for (const auto& iv : graph.tile_mapping(like))
     graph.set_tile_mapping(out.slice(iv.begin, iv.end), iv.tile);
   return out;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "ipu_process/graph.hpp"
@@ -10,9 +11,11 @@
 
 namespace ipupod::ipu::ops {
 
-// A new variable with t's shape and dtype and the same tile mapping, element for element.
+// A new variable with t's shape and the same tile mapping, element for element, of t's dtype
+// unless another is given.
 Tensor clone_like(Graph& graph, const Tensor& like, std::string name,
-                  MemoryCategory category = MemoryCategory::activation, DType dtype = DType::f32);
+                  MemoryCategory category = MemoryCategory::activation,
+                  std::optional<DType> dtype = std::nullopt);
 // src itself if it is already laid out like `like`, else a copy of it that is (added to prog).
 Tensor rearrange_like(Graph& graph, Program& prog, const Tensor& src, const Tensor& like,
                       const std::string& name);

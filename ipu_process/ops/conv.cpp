@@ -87,8 +87,8 @@ inline void store4(float* p, Vec4 v) {
 }
 
 // Multiply-accumulates of a vertex with `outputs` output elements of `taps` taps each.
-std::uint64_t mac_cycles(const ArchPreset& arch, double outputs, double taps) {
-  return amp_cycles(arch, 2.0 * outputs * taps);
+std::uint64_t mac_cycles(const ArchPreset& arch, double outputs, double taps, DType dtype) {
+  return amp_cycles(arch, 2.0 * outputs * taps, dtype);
 }
 
 // One input row a convolution output row reads: channel c's row under kernel row i (pointing
@@ -438,7 +438,8 @@ void register_conv_codelets(CodeletRegistry& r) {
          conv_forward,
          [k](const Vertex& v, const ArchPreset& a) {
            const double taps = v.params[k + 3] * v.params[4] * v.params[5];
-           return mac_cycles(a, static_cast<double>(region_elements(v, 2)), taps);
+           return mac_cycles(a, static_cast<double>(region_elements(v, 2)), taps,
+                             v.fields[0][0].dtype());
          },
          {"out"}});
   r.add({"ConvGradInput",
@@ -452,7 +453,8 @@ void register_conv_codelets(CodeletRegistry& r) {
            // Only one tap in stride_h x stride_w lands on a given input pixel.
            const double taps =
                v.params[k + 3] * v.params[4] * v.params[5] / (v.params[6] * v.params[7]);
-           return mac_cycles(a, static_cast<double>(region_elements(v, 2)), taps);
+           return mac_cycles(a, static_cast<double>(region_elements(v, 2)), taps,
+                             v.fields[0][0].dtype());
          },
          {"dx"}});
   r.add({"ConvGradWeight",
@@ -463,7 +465,8 @@ void register_conv_codelets(CodeletRegistry& r) {
          conv_grad_weight,
          [k](const Vertex& v, const ArchPreset& a) {
            const double per_weight = v.params[k] * v.params[k + 5] * v.params[3];
-           return mac_cycles(a, static_cast<double>(region_elements(v, 2)), per_weight);
+           return mac_cycles(a, static_cast<double>(region_elements(v, 2)), per_weight,
+                             v.fields[0][0].dtype());
          },
          {"dw"}});
   r.add({"ConvPartialsSum",

@@ -12,7 +12,7 @@ namespace ipupod::ipu {
 namespace {
 std::uint64_t first_field_vector_cycles(const Vertex& v, const ArchPreset& arch,
                                         std::size_t instructions) {
-  return vector_cycles(arch, v.fields[0][0].elements(), instructions);
+  return vector_cycles(arch, v.fields[0][0].elements(), instructions, v.fields[0][0].dtype());
 }
 }  // namespace
 

@@ -272,7 +272,8 @@ void register_matmul_codelets(CodeletRegistry& r) {
          [](const Vertex& v, const ArchPreset& a) {
            std::size_t elements = 0;
            for (const Tensor& t : v.fields[2]) elements += t.elements();
-           return amp_cycles(a, 2.0 * static_cast<double>(elements) * v.params[1]);
+           return amp_cycles(a, 2.0 * static_cast<double>(elements) * v.params[1],
+                             v.fields[0][0].dtype());
          }});
   r.add({"MatMulReduce",
          "out = partials[0] + partials[1] + ... (float32, added in region order) for the "
@@ -411,10 +412,11 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
   if (a.rank() != 2 || b.rank() != 2)
     throw std::invalid_argument(name + ": matmul expects rank-2 operands, got ranks " +
                                 std::to_string(a.rank()) + " and " + std::to_string(b.rank()));
-  if (a.dtype() != DType::f32 || b.dtype() != DType::f32)
-    throw std::invalid_argument(name + ": matmul expects float32 operands, got " +
+  if (a.dtype() != b.dtype() || (a.dtype() != DType::f32 && a.dtype() != DType::f16))
+    throw std::invalid_argument(name +
+                                ": matmul expects two float32 or two float16 operands, got " +
                                 dtype_name(a.dtype()) + " and " + dtype_name(b.dtype()) +
-                                "; cast them to float32 first");
+                                "; cast them to one float type first");
   const std::size_t m = ta ? a.dim(1) : a.dim(0), k = ta ? a.dim(0) : a.dim(1);
   const std::size_t kb = tb ? b.dim(1) : b.dim(0), n = tb ? b.dim(0) : b.dim(1);
   if (k != kb)
@@ -429,7 +431,7 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
   const std::size_t bm = ceil_div(m, plan.row_blocks), bn = ceil_div(n, plan.col_blocks);
   const std::size_t bk = ceil_div(k, plan.k_splits);
   const bool split = plan.k_splits > 1;
-  Tensor c = graph.add_variable(DType::f32, {m, n}, name);
+  Tensor c = graph.add_variable(a.dtype(), {m, n}, name);
   std::vector<std::pair<Tensor, Tensor>> copies, reduce_copies;
   // c's pieces and their tiles, mapped in element order at the end: mapping a variable front
   // to back costs the graph constant time per piece, out of order it costs the whole mapping.
@@ -456,10 +458,10 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
         const std::string at = "@" + std::to_string(tile);
         // Operand pieces this block needs, gathered onto its tile by the exchange.
         Tensor a_local =
-            graph.add_variable(DType::f32, ta ? std::vector{depth, rows} : std::vector{rows, depth},
+            graph.add_variable(a.dtype(), ta ? std::vector{depth, rows} : std::vector{rows, depth},
                                name + "/a" + at, MemoryCategory::temporary);
         Tensor b_local =
-            graph.add_variable(DType::f32, tb ? std::vector{cols, depth} : std::vector{depth, cols},
+            graph.add_variable(b.dtype(), tb ? std::vector{cols, depth} : std::vector{depth, cols},
                                name + "/b" + at, MemoryCategory::temporary);
         graph.set_tile_mapping(a_local, tile);
         graph.set_tile_mapping(b_local, tile);
@@ -471,7 +473,8 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
           copy_block(copies, b_flat, k, c0, c1, k0, k1, b_local.flatten());
         else
           copy_block(copies, b_flat, n, k0, k1, c0, c1, b_local.flatten());
-        // The block's result, or its partial sums over this piece of k.
+        // The block's result, or its partial sums over this piece of k (float32, as the AMP
+        // accumulates, whatever the operands' type).
         Tensor out;
         if (split) {
           out = graph.add_variable(DType::f32, {rows, cols}, name + "/partial" + at,

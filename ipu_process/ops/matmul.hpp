@@ -31,8 +31,10 @@ struct MatMulPlan {
 // kAvailableMemoryProportion of its memory; if none fits, the plan of fewest bytes per tile.
 MatMulPlan plan_matmul(const ArchPreset& arch, std::size_t m, std::size_t k, std::size_t n);
 
-// op(a) [m, k] x op(b) [k, n] -> [m, n] float32; op transposes when the flag is set
-// (a is then stored [k, m], b [n, k]). Each output element is accumulated in float32 in a
+// op(a) [m, k] x op(b) [k, n] -> [m, n] of the operands' type (two float32 or two float16:
+// then the AMP's float16 rate, and each sum is rounded to float16 once, at the end); op
+// transposes when the flag is set (a is then stored [k, m], b [n, k]). Each output element is
+// accumulated in float32 in a
 // fixed order (see MatMulBlock and ReducePartials in `ipupod info --codelets`), so results do
 // not depend on the engine's thread count.
 Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, bool transpose_a,

@@ -8,6 +8,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "fabric/half.hpp"
 #include "ipu_process/codelets.hpp"
 #include "ipu_process/ops/common.hpp"
 #include "ipu_process/ops/elementwise.hpp"
@@ -204,16 +205,19 @@ std::size_t unary_instructions(ops::UnaryOp fn) {
   }
 }
 
-std::uint64_t splitmix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
+// The key of this invocation of a counter-based draw: the seed (params seed_param and
+// seed_param + 1, high and low 32 bits) and the tile's invocation counter (field counter_field).
+std::uint64_t invocation_key(const VertexContext& c, std::size_t seed_param,
+                             std::size_t counter_field) {
+  const std::uint64_t seed =
+      (static_cast<std::uint64_t>(c.size_param(seed_param)) << 32) | c.size_param(seed_param + 1);
+  const std::uint64_t invocation = c.region<const std::uint32_t>(counter_field)[0];
+  return counter_hash(seed ^ counter_hash(invocation + 0x51ed27));
 }
 
 std::uint64_t out_field_cycles(const Vertex& v, const ArchPreset& a, std::size_t field,
                                std::size_t instructions) {
-  return vector_cycles(a, v.fields[field][0].elements(), instructions);
+  return vector_cycles(a, v.fields[field][0].elements(), instructions, v.fields[field][0].dtype());
 }
 
 }  // namespace
@@ -337,18 +341,60 @@ void register_tensor_codelets(CodeletRegistry& r) {
          [](const VertexContext& c) {
            auto out = c.region<float>(0);
            const double p = c.param(0);
-           const std::uint64_t seed =
-               (static_cast<std::uint64_t>(c.size_param(1)) << 32) | c.size_param(2);
-           const std::uint64_t invocation = c.region<const std::uint32_t>(1)[0];
-           const std::uint64_t key = splitmix(seed ^ splitmix(invocation + 0x51ed27));
+           const std::uint64_t key = invocation_key(c, 1, 1);
            const std::uint64_t begin = c.size_param(3);
            const float keep = static_cast<float>(1.0 / (1.0 - p));
            for (std::size_t i = 0; i < out.size(); ++i) {
-             const double u = static_cast<double>(splitmix(key + begin + i) >> 11) * 0x1.0p-53;
+             const double u = static_cast<double>(counter_hash(key + begin + i) >> 11) * 0x1.0p-53;
              out[i] = u >= p ? keep : 0.f;
            }
          },
          [](const Vertex& v, const ArchPreset& a) { return out_field_cycles(v, a, 0, 4); }});
+  r.add({"CastToFloat",
+         "out = in, float16 widened to float32 (exact)",
+         {"in", "out"},
+         [](const VertexContext& c) {
+           auto in = c.region<const std::uint16_t>(0);
+           auto out = c.region<float>(1);
+           for (std::size_t i = 0; i < in.size(); ++i) out[i] = fabric::to_float({in[i]});
+         },
+         [](const Vertex& v, const ArchPreset& a) {
+           return vector_cycles(a, v.fields[0][0].elements(), 1, DType::f16);
+         },
+         {"out"},
+         true});
+  r.add({"CastToHalf",
+         "out = in, float32 rounded to float16 to nearest, ties to even",
+         {"in", "out"},
+         [](const VertexContext& c) {
+           auto in = c.region<const float>(0);
+           auto out = c.region<std::uint16_t>(1);
+           for (std::size_t i = 0; i < in.size(); ++i) out[i] = fabric::to_half(in[i]).bits;
+         },
+         [](const Vertex& v, const ArchPreset& a) {
+           return vector_cycles(a, v.fields[0][0].elements(), 1, DType::f16);
+         },
+         {"out"},
+         true});
+  r.add({"CastToHalfStochastic",
+         "out = in, float32 rounded to float16 stochastically (unbiased) by a counter-based "
+         "generator keyed by (seed, invocation, begin + i); params: seed high and low 32 bits, "
+         "piece begin",
+         {"in", "out", "invocation"},
+         [](const VertexContext& c) {
+           auto in = c.region<const float>(0);
+           auto out = c.region<std::uint16_t>(1);
+           const std::uint64_t key = invocation_key(c, 0, 2);
+           const std::uint64_t begin = c.size_param(2);
+           for (std::size_t i = 0; i < in.size(); ++i)
+             out[i] = fabric::to_half_stochastic(in[i], counter_hash(key + begin + i)).bits;
+         },
+         [](const Vertex& v, const ArchPreset& a) {
+           // The draw costs about as much as the random mask's, in float16 vectors.
+           return vector_cycles(a, v.fields[0][0].elements(), 4, DType::f16);
+         },
+         {"out"},
+         true});
   r.add({"IncrementCounter",
          "counter += 1 (uint32)",
          {"counter"},
@@ -814,17 +860,14 @@ Tensor concat(Graph& graph, Program& prog, const std::vector<Tensor>& xs, std::s
   return out;
 }
 
-Tensor random_mask(Graph& graph, Program& prog, const std::vector<std::size_t>& shape, double p,
-                   std::uint64_t seed, const std::string& name) {
-  if (!(p >= 0 && p < 1))
-    throw std::invalid_argument(name + ": drop probability must be in [0, 1), got " +
-                                std::to_string(p));
-  Tensor out = spread(graph, shape, name);
-  const auto mapping = graph.tile_mapping(out);
+namespace {
+// One invocation counter per tile holding part of t, like each tile's own PRNG state: a u32 in
+// always-live memory, zero at start, so every run draws anew and runs are reproducible.
+std::map<unsigned, Tensor> invocation_counters(Graph& graph, const Tensor& t,
+                                               const std::string& name) {
   std::vector<unsigned> tiles;
-  for (const auto& iv : mapping)
-    if (tiles.empty() || tiles.back() != iv.tile) tiles.push_back(iv.tile);
-  // One invocation counter per tile, like each tile's own PRNG state.
+  for (const auto& iv : graph.tile_mapping(t))
+    if (std::find(tiles.begin(), tiles.end(), iv.tile) == tiles.end()) tiles.push_back(iv.tile);
   Tensor counters = graph.add_variable(DType::u32, {tiles.size()}, name + "/invocations",
                                        MemoryCategory::optimizer_state);
   std::map<unsigned, Tensor> counter_of;
@@ -832,6 +875,25 @@ Tensor random_mask(Graph& graph, Program& prog, const std::vector<std::size_t>& 
     graph.set_tile_mapping(counters.slice(i, i + 1), tiles[i]);
     counter_of.emplace(tiles[i], counters.slice(i, i + 1));
   }
+  return counter_of;
+}
+
+Program next_invocation(Graph& graph, const std::map<unsigned, Tensor>& counter_of,
+                        const std::string& name) {
+  const ComputeSetId bump = graph.add_compute_set(name + "/next");
+  for (const auto& [tile, counter] : counter_of)
+    graph.add_vertex(bump, {"IncrementCounter", tile, {{counter}}, {}});
+  return Program::execute(bump);
+}
+}  // namespace
+
+Tensor random_mask(Graph& graph, Program& prog, const std::vector<std::size_t>& shape, double p,
+                   std::uint64_t seed, const std::string& name) {
+  if (!(p >= 0 && p < 1))
+    throw std::invalid_argument(name + ": drop probability must be in [0, 1), got " +
+                                std::to_string(p));
+  Tensor out = spread(graph, shape, name);
+  const std::map<unsigned, Tensor> counter_of = invocation_counters(graph, out, name);
   const ComputeSetId draw = graph.add_compute_set(name);
   const Tensor of = out.flatten();
   for_each_worker_piece(
@@ -842,11 +904,41 @@ Tensor random_mask(Graph& graph, Program& prog, const std::vector<std::size_t>& 
                                 {p, static_cast<double>(seed >> 32),
                                  static_cast<double>(seed & 0xffffffffu), static_cast<double>(b)}});
       });
-  const ComputeSetId bump = graph.add_compute_set(name + "/next");
-  for (const auto& [tile, counter] : counter_of)
-    graph.add_vertex(bump, {"IncrementCounter", tile, {{counter}}, {}});
   prog.add(Program::execute(draw));
-  prog.add(Program::execute(bump));
+  prog.add(next_invocation(graph, counter_of, name));
+  return out;
+}
+
+Tensor cast(Graph& graph, Program& prog, const Tensor& x, DType to, Rounding rounding,
+            std::uint64_t seed, const std::string& name) {
+  if (x.dtype() == to) return x;
+  const bool widen = x.dtype() == DType::f16 && to == DType::f32;
+  if (!widen && !(x.dtype() == DType::f32 && to == DType::f16))
+    throw std::invalid_argument(name + ": cast converts between float32 and float16, not " +
+                                dtype_name(x.dtype()) + " to " + dtype_name(to));
+  Tensor out = clone_like(graph, x, name, MemoryCategory::activation, to);
+  const bool stochastic = !widen && rounding == Rounding::stochastic;
+  std::map<unsigned, Tensor> counter_of;
+  if (stochastic) counter_of = invocation_counters(graph, x, name);
+  const ComputeSetId cs = graph.add_compute_set(name);
+  const Tensor xf = x.flatten(), of = out.flatten();
+  for_each_worker_piece(
+      graph, x, kMinElementsPerWorker, [&](unsigned tile, std::size_t b, std::size_t e) {
+        if (!stochastic) {
+          graph.add_vertex(cs, {widen ? "CastToFloat" : "CastToHalf",
+                                tile,
+                                {{xf.slice(b, e)}, {of.slice(b, e)}},
+                                {}});
+          return;
+        }
+        graph.add_vertex(cs, {"CastToHalfStochastic",
+                              tile,
+                              {{xf.slice(b, e)}, {of.slice(b, e)}, {counter_of.at(tile)}},
+                              {static_cast<double>(seed >> 32),
+                               static_cast<double>(seed & 0xffffffffu), static_cast<double>(b)}});
+      });
+  prog.add(Program::execute(cs));
+  if (stochastic) prog.add(next_invocation(graph, counter_of, name));
   return out;
 }
 

@@ -1,6 +1,6 @@
 // General tensor op library: elementwise unary and binary functions with NumPy broadcasting,
 // reductions over any axes (two stages across tiles), shape ops that move data between tiles
-// (permute, slice, concat, broadcast) and counter-based random masks.
+// (permute, slice, concat, broadcast), counter-based random masks and float16 casts.
 //
 // Every op here follows the same pattern: the output is spread over tiles; for each worker's
 // piece of the output, the range of each operand it reads is brought onto the piece's tile
@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "ipu_process/codelets.hpp"
 #include "ipu_process/graph.hpp"
 #include "ipu_process/program.hpp"
 
@@ -65,5 +66,10 @@ Tensor concat(Graph& graph, Program& prog, const std::vector<Tensor>& xs, std::s
 // always-live memory, zero at start), so every run draws anew and runs are reproducible.
 Tensor random_mask(Graph& graph, Program& prog, const std::vector<std::size_t>& shape, double p,
                    std::uint64_t seed, const std::string& name);
+// x converted to `to` (float32 <-> float16; x itself when it already is), laid out like x.
+// float16 -> float32 is exact; float32 -> float16 rounds to nearest even, or stochastically
+// with draws keyed by (seed, the tile's invocation counter, element) like random_mask.
+Tensor cast(Graph& graph, Program& prog, const Tensor& x, DType to, Rounding rounding,
+            std::uint64_t seed, const std::string& name);
 
 }  // namespace ipupod::ipu::ops

@@ -1,4 +1,5 @@
-// float16 conversions: exhaustive round trips and round-to-nearest-even at every midpoint.
+// float16 conversions: exhaustive round trips, round-to-nearest-even at every midpoint, and
+// stochastic rounding: exact on float16 values, always a neighbour, unbiased on average.
 #include "fabric/half.hpp"
 
 #include <gtest/gtest.h>
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "fabric/error.hpp"
@@ -68,6 +70,69 @@ TEST(Half, RoundsToNearestEvenAtEveryMidpoint) {
     EXPECT_EQ(to_half(std::nextafter(middle, 1e9F)).bits, b.bits);
     EXPECT_EQ(to_half(-middle).bits, even.bits | 0x8000U) << "negative values mirror";
   }
+}
+
+// The mean of n stochastic roundings of x, with uniform 64-bit draws.
+double mean_of_stochastic(float x, int n, std::uint64_t seed) {
+  std::mt19937_64 draw(seed);
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += to_float(to_half_stochastic(x, draw()));
+  return sum / n;
+}
+
+TEST(HalfStochastic, EveryFloat16StaysExactWhateverTheDraw) {
+  std::mt19937_64 draw(7);
+  for (std::uint32_t bits = 0; bits <= 0xFFFFU; ++bits) {
+    const Half h{static_cast<std::uint16_t>(bits)};
+    if (is_nan_bits(h.bits)) {
+      EXPECT_TRUE(is_nan_bits(to_half_stochastic(to_float(h), draw()).bits)) << bits;
+      continue;
+    }
+    for (std::uint64_t r : {std::uint64_t{0}, ~std::uint64_t{0}, draw()})
+      ASSERT_EQ(to_half_stochastic(to_float(h), r).bits, h.bits) << "float16 bits " << bits;
+  }
+}
+
+// Between neighbours lo < x < hi, every draw gives lo or hi: the smallest draw lo, the largest hi.
+TEST(HalfStochastic, RoundsToOneOfTheTwoNeighbours) {
+  std::mt19937_64 draw(11);
+  for (std::uint32_t bits = 0; bits < 0x7BFFU; bits += 7) {
+    const Half a{static_cast<std::uint16_t>(bits)}, b{static_cast<std::uint16_t>(bits + 1)};
+    const float x = to_float(a) + (to_float(b) - to_float(a)) * 0.3F;
+    ASSERT_EQ(to_half_stochastic(x, 0).bits, a.bits) << bits;
+    ASSERT_EQ(to_half_stochastic(x, ~std::uint64_t{0}).bits, b.bits) << bits;
+    ASSERT_EQ(to_half_stochastic(-x, ~std::uint64_t{0}).bits, b.bits | 0x8000U) << "sign mirrors";
+    for (int i = 0; i < 8; ++i) {
+      const std::uint16_t got = to_half_stochastic(x, draw()).bits;
+      ASSERT_TRUE(got == a.bits || got == b.bits) << bits;
+    }
+  }
+}
+
+// The point of stochastic rounding: the mean of many roundings of a value between two float16
+// neighbours converges to the value, where rounding to nearest always gives the same neighbour.
+TEST(HalfStochastic, IsUnbiasedWhereRoundingToNearestIsNot) {
+  const int n = 200000;
+  // 1 + 0.3 ulp (normal); 0.3 and 43.2 times the smallest subnormal; 2^-30, far below it.
+  for (const float x : {1.0F + 0.3F * std::ldexp(1.0F, -10), 0.3F * std::ldexp(1.0F, -24),
+                        -43.2F * std::ldexp(1.0F, -24), std::ldexp(1.0F, -30)}) {
+    const double low = to_float(to_half_stochastic(x, 0));
+    const double high = to_float(to_half_stochastic(x, ~std::uint64_t{0}));
+    // The standard error of the mean of a two-point draw is at most |high - low| / (2 sqrt(n)).
+    const double five_sigma = 5 * std::abs(high - low) / (2 * std::sqrt(double(n)));
+    EXPECT_NEAR(mean_of_stochastic(x, n, 99), x, five_sigma) << "x = " << x;
+    EXPECT_GT(std::abs(to_float(to_half(x)) - x), five_sigma)
+        << "rounding to nearest is biased at x = " << x;
+  }
+}
+
+TEST(HalfStochastic, OverflowsOnlyFromTheTopBinade) {
+  EXPECT_EQ(to_half_stochastic(65504.0F, ~std::uint64_t{0}).bits, 0x7BFFU);
+  EXPECT_EQ(to_half_stochastic(65530.0F, 0).bits, 0x7BFFU);
+  EXPECT_EQ(to_half_stochastic(65530.0F, ~std::uint64_t{0}).bits, 0x7C00U);
+  EXPECT_EQ(to_half_stochastic(65536.0F, 0).bits, 0x7C00U);
+  EXPECT_EQ(to_half_stochastic(-1e9F, 0).bits, 0xFC00U);
+  EXPECT_EQ(to_half_stochastic(std::numeric_limits<float>::infinity(), 0).bits, 0x7C00U);
 }
 
 TEST(Half, WidenAndNarrowCheckSizes) {
