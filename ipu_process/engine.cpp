@@ -1167,4 +1167,35 @@ std::vector<std::byte> Engine::read(const Tensor& t) const {
   return out;
 }
 
+namespace {
+void check_float(const Graph& graph, const Tensor& t, const char* what) {
+  if (t.dtype() != DType::f32 && t.dtype() != DType::f16)
+    throw std::invalid_argument(std::string(what) + " of " + graph.describe(t) +
+                                ": float32 values for a tensor of " + dtype_name(t.dtype()) +
+                                "; use write/read with its bytes");
+}
+}  // namespace
+
+void Engine::write_values(const Tensor& t, std::span<const float> values) {
+  check_float(graph_, t, "write_values");
+  if (t.dtype() == DType::f32) return write(t, std::as_bytes(values));
+  std::vector<fabric::Half> halves(values.size());
+  fabric::narrow(values, halves);
+  write(t, std::as_bytes(std::span(halves)));
+}
+
+std::vector<float> Engine::read_values(const Tensor& t) const {
+  check_float(graph_, t, "read_values");
+  const std::vector<std::byte> bytes = read(t);
+  std::vector<float> out(t.elements());
+  if (t.dtype() == DType::f32) {
+    std::memcpy(out.data(), bytes.data(), bytes.size());
+  } else {
+    std::vector<fabric::Half> halves(t.elements());
+    std::memcpy(halves.data(), bytes.data(), bytes.size());
+    fabric::widen(halves, out);
+  }
+  return out;
+}
+
 }  // namespace ipupod::ipu

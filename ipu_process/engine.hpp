@@ -123,6 +123,10 @@ class Engine {
   // Host access between runs, to always-live tensors or those given Graph::set_host_access.
   void write(const Tensor& t, std::span<const std::byte> bytes);
   std::vector<std::byte> read(const Tensor& t) const;
+  // The same for a float32 or float16 tensor, in float32 values: float16 is rounded to nearest
+  // even on the way in and widened exactly on the way out.
+  void write_values(const Tensor& t, std::span<const float> values);
+  std::vector<float> read_values(const Tensor& t) const;
 
  private:
   struct Piece {

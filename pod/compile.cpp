@@ -156,7 +156,9 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage) {
                                             .stages = c.train.stages,
                                             .stage = stage,
                                             .grouped = c.train.pipeline_schedule == "grouped",
-                                            .recompute = c.train.recompute},
+                                            .recompute = c.train.recompute,
+
+                                            .float16 = c.train.precision == "fp16"},
                                            &eval_model);
   const double lower_seconds = seconds_since(start);
   const auto engine_start = std::chrono::steady_clock::now();

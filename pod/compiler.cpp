@@ -207,9 +207,20 @@ bool is_update(OpKind kind) {
          kind == OpKind::lamb_step;
 }
 
+// The ops that make float16 results under --precision fp16 (every float input cast to
+// float16), and those that also read float16 but make float32 (bias gradients, summed in
+// float32); reshapes and stop_gradient are views of their input.
+bool makes_float16(OpKind kind) {
+  return kind == OpKind::matmul || kind == OpKind::add || kind == OpKind::add_bias ||
+         kind == OpKind::relu || kind == OpKind::relu_grad;
+}
+bool reads_float16(OpKind kind) {
+  return makes_float16(kind) || kind == OpKind::column_sum;
+}
+
 class Lowering {
  public:
-  explicit Lowering(CompiledModel& out) : out_(out) {}
+  Lowering(CompiledModel& out, bool float16) : out_(out), float16_(float16) {}
 
   // The model whose ops are lowered next; parameters, state and host inputs are shared by name
   // with the models lowered before (the evaluation model uses the training model's weights).
@@ -217,7 +228,11 @@ class Lowering {
     model_ = &model;
     owns_variables_ = owns_variables;
     tensors_.clear();
+    casts_.clear();
   }
+  // Whether a later phase may read the casts an earlier one made: not when the pipeline
+  // stashes activations, as it stashes values, not their casts.
+  void share_casts_between_phases(bool share) { share_casts_ = share; }
   // Lowers every op of the phase that belongs to `stage` into prog, in graph order: values
   // from other stages are received just before their first use here, values other stages
   // use are sent as soon as they are made.
@@ -226,6 +241,7 @@ class Lowering {
   void lower_phase(Phase phase, ipu::Program& prog, int stage, const Transfers& transfers,
                    const std::set<const models::Op*>& recomputed = {},
                    ipu::Program* recompute = nullptr) {
+    if (!share_casts_) casts_.clear();
     for (const auto& op : model_->graph.ops()) {
       if (op.phase != phase || op.kind == OpKind::sgd_step || op.pipeline_stage != stage) continue;
       for (models::ValueId v : op.inputs) {
@@ -237,8 +253,11 @@ class Lowering {
           receive(v, stage, transfers, prog);
       }
       if (recompute && recomputed.count(&op)) {
+        // Its casts go into the piece (made anew when it runs again), none shared with others.
+        casts_.clear();
         ipu::Program piece;
         lower(op, piece);
+        casts_.clear();
         prog.add(piece);
         recompute->add(piece);
       } else {
@@ -253,8 +272,8 @@ class Lowering {
       if (t.value == v && t.to == stage) {
         const auto& info = model_->graph.info(v);
         ipu::Graph& g = *out_.graph;
-        ipu::Tensor buf = g.add_variable(device_dtype(info.dtype), info.shape,
-                                         model_->graph.value(v).name + "/received");
+        ipu::Tensor buf =
+            g.add_variable(value_dtype(v), info.shape, model_->graph.value(v).name + "/received");
         g.map_linearly(buf, std::max<std::size_t>(1, info.elements() / g.tiles()));
         prog.add(ipu::Program::receive(buf, static_cast<unsigned>(t.from), t.tag));
         ++out_.transfers;
@@ -387,7 +406,7 @@ class Lowering {
       throw std::invalid_argument("pod compiler: the evaluation model's '" + name +
                                   "' has no counterpart in the training model");
     ipu::Graph& g = *out_.graph;
-    ipu::Tensor t = g.add_variable(device_dtype(info.dtype), info.shape, name, category);
+    ipu::Tensor t = g.add_variable(value_dtype(*op.output), info.shape, name, category);
     if (category == ipu::MemoryCategory::stream) {
       const std::size_t sample = info.shape.empty() ? 1 : info.elements() / info.shape[0];
       g.map_linearly(t, sample);
@@ -414,10 +433,42 @@ class Lowering {
     }
   }
 
+  // The type a value has on the device, from the graph alone, so that every stage agrees.
+  ipu::DType value_dtype(models::ValueId v) const {
+    const ipu::DType natural = device_dtype(model_->graph.info(v).dtype);
+    if (!float16_ || natural != ipu::DType::f32) return natural;
+    const models::Op& producer = model_->graph.producer(v);
+    if (producer.kind == OpKind::reshape || producer.kind == OpKind::stop_gradient)
+      return value_dtype(producer.inputs[0]);
+    const bool half = producer.kind == OpKind::parameter || makes_float16(producer.kind);
+    return half ? ipu::DType::f16 : ipu::DType::f32;
+  }
+
+  // Input k of op as the op computes on it: under --precision fp16, cast (once, or once per
+  // phase, see share_casts_between_phases) to float16 for the ops that read float16, to
+  // float32 for the others. Views, in-place updates and the optimizer phase see the tensors
+  // themselves.
+  const ipu::Tensor& operand(const models::Op& op, std::size_t k, ipu::Program& prog) {
+    const models::ValueId v = op.inputs[k];
+    const ipu::Tensor& t = tensor(v);
+    const bool float_type = t.dtype() == ipu::DType::f32 || t.dtype() == ipu::DType::f16;
+    if (!float16_ || !float_type || !op.output || op.phase == Phase::optimizer ||
+        op.kind == OpKind::reshape || op.kind == OpKind::stop_gradient)
+      return t;
+    const ipu::DType want = reads_float16(op.kind) ? ipu::DType::f16 : ipu::DType::f32;
+    if (t.dtype() == want) return t;
+    if (auto it = casts_.find({v, want}); it != casts_.end()) return it->second;
+    const std::string name = model_->graph.value(v).name + "/" + ipu::dtype_name(want);
+    return casts_
+        .emplace(std::pair{v, want},
+                 ipu::ops::cast(*out_.graph, prog, t, want, ipu::Rounding::nearest_even, 0, name))
+        .first->second;
+  }
+
   void lower(const models::Op& op, ipu::Program& prog) {
     namespace ops = ipu::ops;
     ipu::Graph& g = *out_.graph;
-    const auto in = [&](std::size_t k) -> const ipu::Tensor& { return tensor(op.inputs[k]); };
+    const auto in = [&](std::size_t k) -> const ipu::Tensor& { return operand(op, k, prog); };
     ipu::Tensor result;
     const auto& info = op.output ? model_->graph.info(*op.output) : models::TensorInfo{};
     const std::string& name = op.name;
@@ -621,6 +672,10 @@ class Lowering {
                                info.str());
       result = result.reshape(info.shape);
     }
+    if (result.dtype() != value_dtype(*op.output))
+      throw std::logic_error("pod compiler: op '" + name + "' lowered to " +
+                             ipu::dtype_name(result.dtype()) + ", the precision plan says " +
+                             ipu::dtype_name(value_dtype(*op.output)));
     tensors_.emplace(*op.output, result);
   }
 
@@ -646,9 +701,12 @@ class Lowering {
   }
 
   CompiledModel& out_;
+  bool float16_;
   const models::Model* model_ = nullptr;
   bool owns_variables_ = true;
   std::map<models::ValueId, ipu::Tensor> tensors_;
+  std::map<std::pair<models::ValueId, ipu::DType>, ipu::Tensor> casts_;
+  bool share_casts_ = false;
   std::map<std::string, ipu::Tensor> shared_;
   int stage_ = 0;  // of the optimizer phase being lowered
   double gradient_scale_ = 1;
@@ -669,8 +727,9 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   CompiledModel out;
   out.graph = std::make_unique<ipu::Graph>(arch);
   ipu::Graph& g = *out.graph;
-  Lowering lowering(out);
+  Lowering lowering(out, shape.float16);
   lowering.set_model(model, true);
+  lowering.share_casts_between_phases(stages == 1 || !shape.grouped);
   const Transfers transfers = plan_transfers(model, {model.loss}, 0);
 
   ipu::Program forward, backward, recompute;
@@ -702,7 +761,7 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   const auto accumulator = [&](models::ValueId param_id, models::ValueId grad_id) {
     const std::string name = model.graph.value(param_id).name;
     ipu::Tensor acc = ipu::ops::clone_like(g, out.parameters.at(param_id), name + "/accumulator",
-                                           ipu::MemoryCategory::optimizer_state);
+                                           ipu::MemoryCategory::optimizer_state, ipu::DType::f32);
     accumulators.push_back(acc);
     ipu::ops::zero(g, zero_accumulators, acc, name + "/zero");
     ipu::ops::scaled_add_in_place(g, accumulate, acc, lowering.tensor(grad_id), 1.0f,
@@ -751,9 +810,16 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
     forward_mb.add(ipu::Program::stream_to_device(kLabelStream, out.labels));
   }
   forward_mb.add(forward);
+  // The host reads float32.
+  const auto for_host = [&](ipu::Program& prog, const ipu::Tensor& t, const std::string& name) {
+    return ipu::ops::cast(g, prog, t, ipu::DType::f32, ipu::Rounding::nearest_even, 0,
+                          name + "/float32");
+  };
+  const ipu::Tensor device_loss = out.loss;  // what the training forward pass makes
   if (host_side) {
-    (local_loss ? forward_mb : backward_mb)
-        .add(ipu::Program::stream_from_device(kLossStream, out.loss));
+    ipu::Program& loss_program = local_loss ? forward_mb : backward_mb;
+    out.loss = for_host(loss_program, out.loss, "loss");
+    loss_program.add(ipu::Program::stream_from_device(kLossStream, out.loss));
   }
   const std::size_t k = shape.gradient_accumulation;
   ipu::Program step = ipu::Program::sequence({zero_accumulators});
@@ -888,7 +954,7 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
     }
   } else {
     out.eval_logits = out.logits;
-    out.eval_loss = out.loss;
+    out.eval_loss = device_loss;
   }
   ipu::Program eval;
   if (host_side) {
@@ -897,6 +963,8 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   }
   eval.add(eval_forward);
   if (host_side) {
+    out.eval_logits = for_host(eval, out.eval_logits, "eval/logits");
+    out.eval_loss = for_host(eval, out.eval_loss, "eval/loss");
     eval.add(ipu::Program::stream_from_device(kLogitsStream, out.eval_logits));
     eval.add(ipu::Program::stream_from_device(kLossStream, out.eval_loss));
   }

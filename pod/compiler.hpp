@@ -33,6 +33,9 @@ struct StepShape {
   // activations, host inputs, random draws) and re-run the forward ops before the backward pass,
   // trading compute for stash memory (PopTorch's pipelined recomputation).
   bool recompute = false;
+  // --precision fp16: parameters and the activations of the ops that compute on float16 (see
+  // compile_for_ipu) are float16 in tile memory; everything else stays float32.
+  bool float16 = false;
 };
 
 struct CompiledModel {
@@ -53,6 +56,11 @@ struct CompiledModel {
   std::size_t transfers = 0;           // send and receive programs of this stage
 };
 
+// With shape.float16, matmuls, additions, bias additions and ReLUs (forward and backward) run
+// on float16 operands (computing in float32, rounding each result once) and make float16
+// activations; the other ops get float32 copies of float16 operands. Parameters are stored as
+// float16 and updated in place; gradient accumulators, optimizer state, model state and the
+// host-facing outputs stay float32.
 // Lowers the ops of one pipeline stage of `model` (built for training) and, when given,
 // `eval_model` (the same model built with training = false, sharing parameters and state by
 // name) onto one IPU. Values crossing stages travel by send/receive programs over the fabric

@@ -1,6 +1,8 @@
 // Validation of the training configuration with messages a user can act on.
 #include "pod/config.hpp"
 
+#include <cmath>
+
 #include "fabric/topology.hpp"
 #include "ipu_process/arch.hpp"
 #include "models/zoo.hpp"
@@ -78,6 +80,14 @@ void validate(const TrainConfig& c, int world_size) {
     throw UsageError("--momentum must be in [0, 1), got " + std::to_string(c.momentum));
   if (!(c.weight_decay >= 0))
     throw UsageError("--weight-decay must be >= 0, got " + std::to_string(c.weight_decay));
+  if (c.precision != "fp32" && c.precision != "fp16")
+    throw UsageError("--precision must be fp32 or fp16, got '" + c.precision + "'");
+  if (!(c.loss_scaling > 0) || !std::isfinite(c.loss_scaling))
+    throw UsageError("--loss-scaling must be a positive number, got " +
+                     std::to_string(c.loss_scaling));
+  if (c.stochastic_rounding != "on" && c.stochastic_rounding != "off")
+    throw UsageError("--stochastic-rounding must be on or off, got '" + c.stochastic_rounding +
+                     "'");
   if (c.lr_schedule != "constant" && c.lr_schedule != "step" && c.lr_schedule != "cosine")
     throw UsageError("--lr-schedule must be constant, step or cosine, got '" + c.lr_schedule + "'");
   if (world_size != static_cast<int>(c.world_size()))
@@ -110,6 +120,9 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"lr_schedule", c.lr_schedule},
           {"warmup_steps", c.warmup_steps},
           {"clip_norm", c.clip_norm},
+          {"precision", c.precision},
+          {"loss_scaling", c.loss_scaling},
+          {"stochastic_rounding", c.stochastic_rounding},
           {"seed", c.seed},
           {"shuffle", c.shuffle},
           {"global_batch", c.global_batch()}};
@@ -137,6 +150,9 @@ std::vector<std::string> resume_differences(const TrainConfig& c, const nlohmann
                                        "lr_schedule",
                                        "warmup_steps",
                                        "clip_norm",
+                                       "precision",
+                                       "loss_scaling",
+                                       "stochastic_rounding",
                                        "seed",
                                        "shuffle"};
   const nlohmann::json now = config_json(c);

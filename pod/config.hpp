@@ -41,6 +41,12 @@ struct TrainConfig {
   std::string lr_schedule = "constant";  // or step (x0.1 every quarter of the run), cosine
   std::size_t warmup_steps = 0;          // optimizer steps of linear warm-up
   double clip_norm = 0;                  // global L2 norm to clip gradients to (0: no clipping)
+  // fp32, or fp16: parameters and most activations stored as float16 (see compile_for_ipu),
+  // gradient accumulators and optimizer state float32.
+  std::string precision = "fp32";
+  double loss_scaling = 1;                  // static loss scale S: the loss gradient is seeded
+                                            // with S and gradients are divided by S to update
+  std::string stochastic_rounding = "off";  // or on: float16 stores round stochastically
   std::uint64_t seed = 1;
   bool shuffle = true;
   bool allow_out_of_memory = false;

@@ -489,6 +489,17 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
         for (std::size_t k = 0; k < micro_batches_per_step; ++k)
           step_loss += expect_frame(*server, r, kLossFrames).array.as<const float>()[0];
       step_loss /= static_cast<double>(c.replicas * micro_batches_per_step);
+      if (!std::isfinite(step_loss))  // the feeders are still running: end the whole job
+        abort_job(
+            world,
+            "the training loss is " + std::to_string(step_loss) + " at epoch " +
+                std::to_string(e + 1) + " step " + std::to_string(s + 1) + ": " +
+                (c.precision == "fp16"
+                     ? "float16 overflowed (it holds at most 65504); lower --loss-scaling (now " +
+                           std::to_string(c.loss_scaling) +
+                           ") or the learning rate, or train with "
+                           "--precision fp32"
+                     : std::string("lower the learning rate")));
       epoch_loss += step_loss;
       const double elapsed =
           train_seconds + std::chrono::duration<double>(Clock::now() - t0).count();

@@ -122,17 +122,23 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
                                             .stages = config.stages,
                                             .stage = static_cast<std::size_t>(stage),
                                             .grouped = config.pipeline_schedule == "grouped",
-                                            .recompute = config.recompute},
+                                            .recompute = config.recompute,
+
+                                            .float16 = config.precision == "fp16"},
                                            &eval_model);
   ipu::Engine engine(*compiled.graph, compiled.programs,
                      {.allow_out_of_memory = config.allow_out_of_memory,
                       .threads = 1,
-                      .trace_events = config.trace_events});
+                      .trace_events = config.trace_events,
+                      .float16_stores = {.rounding = config.stochastic_rounding == "on"
+                                                         ? ipu::Rounding::stochastic
+                                                         : ipu::Rounding::nearest_even,
+                                         .seed = config.seed}});
 
   // Every replica starts from the same weights: the initialiser is keyed by the seed only.
   for (const auto& [id, tensor] : compiled.initial_values) {
     const models::Buffer init = models::initial_parameter(model.graph, id, config.seed);
-    engine.write(tensor, std::as_bytes(std::span(init.f)));
+    engine.write_values(tensor, init.f);
   }
   for (const auto& [tensor, value] : compiled.constants) {
     std::vector<float> fill(tensor.elements(), value);
@@ -412,9 +418,12 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
       const std::string report = report_json.dump();
       client->send({kReportFrames, step,
                     array_of(host::DType::u8, {report.size()}, std::as_bytes(std::span(report)))});
-      for (const auto& [id, tensor] : compiled.parameters)
-        client->send({kWeightFrames, static_cast<std::uint64_t>(id),
-                      array_of(host::DType::f32, tensor.shape(), engine.read(tensor))});
+      for (const auto& [id, tensor] : compiled.parameters) {
+        const std::vector<float> values = engine.read_values(tensor);  // float32 for the host
+        client->send(
+            {kWeightFrames, static_cast<std::uint64_t>(id),
+             array_of(host::DType::f32, tensor.shape(), std::as_bytes(std::span(values)))});
+      }
     }
   } catch (const std::exception& e) {
     abort_job(world, e.what());

@@ -56,6 +56,12 @@ CLI::Option* add_model_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--device-iterations", c.device_iterations,
                  "Optimizer steps the device runs per host step (PopTorch deviceIterations)")
       ->capture_default_str();
+  app.add_option("--precision", c.precision,
+                 "fp32, or fp16: parameters and the activations of matmuls, additions and ReLUs "
+                 "stored as float16 (computed in float32, rounded once); gradient accumulators, "
+                 "optimizer state and the other ops stay float32")
+      ->check(CLI::IsMember({"fp32", "fp16"}))
+      ->capture_default_str();
   return accumulation;
 }
 
@@ -174,6 +180,16 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
   train
       .add_option("--warmup-steps", c.warmup_steps,
                   "Optimizer steps of linear learning-rate warm-up")
+      ->capture_default_str();
+  train
+      .add_option("--loss-scaling", c.loss_scaling,
+                  "Static loss scale S: the backward pass starts from S, gradients are divided "
+                  "by S before the update (keeps small float16 gradients from flushing to 0)")
+      ->capture_default_str();
+  train
+      .add_option("--stochastic-rounding", c.stochastic_rounding,
+                  "on or off: float16 results (activations, float16 weight updates) round "
+                  "stochastically instead of to nearest even")
       ->capture_default_str();
   train.add_option("--seed", c.seed, "Seed of weight initialisation and shuffling")
       ->capture_default_str();

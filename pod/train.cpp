@@ -47,6 +47,7 @@ models::ModelOptions model_options(const TrainConfig& config, const Startup& sta
   options.optimizer.momentum = config.momentum;
   options.optimizer.weight_decay = config.weight_decay;
   options.optimizer.clip_global_norm = config.clip_norm;
+  options.optimizer.loss_scale = config.loss_scaling;
   // The schedule counts optimizer steps: device iterations per host step, over the whole run.
   const std::size_t total = config.epochs * startup.train_steps * config.device_iterations;
   options.optimizer.schedule.kind = config.lr_schedule == "cosine" ? models::ScheduleKind::cosine

@@ -150,8 +150,8 @@ Tensor add_bias(Graph& graph, Program& prog, const Tensor& x, const Tensor& bias
   std::vector<std::pair<Tensor, Tensor>> copies;
   for (const auto& iv : graph.tile_mapping(x))
     if (!bias_on_tile.count(iv.tile)) {
-      Tensor local = graph.add_variable(DType::f32, {n}, name + "/bias@" + std::to_string(iv.tile),
-                                        MemoryCategory::temporary);
+      Tensor local = graph.add_variable(
+          bias.dtype(), {n}, name + "/bias@" + std::to_string(iv.tile), MemoryCategory::temporary);
       graph.set_tile_mapping(local, iv.tile);
       bias_on_tile.emplace(iv.tile, local);
       copies.emplace_back(bias, local);

@@ -20,7 +20,7 @@ void register_reduce_codelets(CodeletRegistry& r) {
              for (std::size_t j = 0; j < n; ++j) out[j] += in[i * n + j];
          },
          [](const Vertex& v, const ArchPreset& a) {
-           return vector_cycles(a, v.fields[0][0].elements(), 1);
+           return vector_cycles(a, v.fields[0][0].elements(), 1, v.fields[0][0].dtype());
          }});
   r.add({"SumScaled",
          "out = scale * sum of every region; param: scale",
@@ -51,8 +51,8 @@ Tensor column_sum(Graph& graph, Program& prog, const Tensor& x, const std::strin
   unsigned tile = 0;
   for (std::size_t c0 = 0; c0 < n; c0 += per, ++tile) {
     const std::size_t c1 = std::min(n, c0 + per);
-    Tensor local = graph.add_variable(
-        DType::f32, {m, c1 - c0}, name + "/in@" + std::to_string(tile), MemoryCategory::temporary);
+    Tensor local = graph.add_variable(x.dtype(), {m, c1 - c0}, name + "/in@" + std::to_string(tile),
+                                      MemoryCategory::temporary);
     graph.set_tile_mapping(local, tile);
     graph.set_tile_mapping(out.slice(c0, c1), tile);
     for (std::size_t i = 0; i < m; ++i) copies.emplace_back(x.row(i).slice(c0, c1), local.row(i));

@@ -8,7 +8,8 @@
 
 namespace ipupod::ipu::ops {
 
-// x [m, n] -> [n], the sum over rows; columns spread over tiles.
+// x [m, n] -> [n] float32, the sum over rows (float32 or float16 x, summed in float32);
+// columns spread over tiles.
 Tensor column_sum(Graph& graph, Program& prog, const Tensor& x, const std::string& name);
 // scale * sum(x) -> a scalar (shape {}) on one tile.
 Tensor sum_scaled(Graph& graph, Program& prog, const Tensor& x, float scale, unsigned tile,

@@ -215,6 +215,28 @@ std::uint64_t invocation_key(const VertexContext& c, std::size_t seed_param,
   return counter_hash(seed ^ counter_hash(invocation + 0x51ed27));
 }
 
+// Cycles of a cast vertex: `instructions` per float16 vector of its input.
+std::uint64_t cast_cycles(const Vertex& v, const ArchPreset& a, std::size_t instructions) {
+  return vector_cycles(a, v.fields[0][0].elements(), instructions, DType::f16);
+}
+
+// A codelet that converts its "in" field into its "out" field element by element, seeing
+// float16 as its 16-bit storage.
+template <class From, class To, class Convert>
+Codelet cast_codelet(std::string name, std::string doc, Convert convert) {
+  return {std::move(name),
+          std::move(doc),
+          {"in", "out"},
+          [convert](const VertexContext& c) {
+            auto in = c.region<const From>(0);
+            auto out = c.region<To>(1);
+            for (std::size_t i = 0; i < in.size(); ++i) out[i] = convert(in[i]);
+          },
+          [](const Vertex& v, const ArchPreset& a) { return cast_cycles(v, a, 1); },
+          {"out"},
+          true};
+}
+
 std::uint64_t out_field_cycles(const Vertex& v, const ArchPreset& a, std::size_t field,
                                std::size_t instructions) {
   return vector_cycles(a, v.fields[field][0].elements(), instructions, v.fields[field][0].dtype());
@@ -350,32 +372,12 @@ void register_tensor_codelets(CodeletRegistry& r) {
            }
          },
          [](const Vertex& v, const ArchPreset& a) { return out_field_cycles(v, a, 0, 4); }});
-  r.add({"CastToFloat",
-         "out = in, float16 widened to float32 (exact)",
-         {"in", "out"},
-         [](const VertexContext& c) {
-           auto in = c.region<const std::uint16_t>(0);
-           auto out = c.region<float>(1);
-           for (std::size_t i = 0; i < in.size(); ++i) out[i] = fabric::to_float({in[i]});
-         },
-         [](const Vertex& v, const ArchPreset& a) {
-           return vector_cycles(a, v.fields[0][0].elements(), 1, DType::f16);
-         },
-         {"out"},
-         true});
-  r.add({"CastToHalf",
-         "out = in, float32 rounded to float16 to nearest, ties to even",
-         {"in", "out"},
-         [](const VertexContext& c) {
-           auto in = c.region<const float>(0);
-           auto out = c.region<std::uint16_t>(1);
-           for (std::size_t i = 0; i < in.size(); ++i) out[i] = fabric::to_half(in[i]).bits;
-         },
-         [](const Vertex& v, const ArchPreset& a) {
-           return vector_cycles(a, v.fields[0][0].elements(), 1, DType::f16);
-         },
-         {"out"},
-         true});
+  r.add(cast_codelet<std::uint16_t, float>("CastToFloat",
+                                           "out = in, float16 widened to float32 (exact)",
+                                           [](std::uint16_t h) { return fabric::to_float({h}); }));
+  r.add(cast_codelet<float, std::uint16_t>(
+      "CastToHalf", "out = in, float32 rounded to float16 to nearest, ties to even",
+      [](float x) { return fabric::to_half(x).bits; }));
   r.add({"CastToHalfStochastic",
          "out = in, float32 rounded to float16 stochastically (unbiased) by a counter-based "
          "generator keyed by (seed, invocation, begin + i); params: seed high and low 32 bits, "
@@ -389,10 +391,8 @@ void register_tensor_codelets(CodeletRegistry& r) {
            for (std::size_t i = 0; i < in.size(); ++i)
              out[i] = fabric::to_half_stochastic(in[i], counter_hash(key + begin + i)).bits;
          },
-         [](const Vertex& v, const ArchPreset& a) {
-           // The draw costs about as much as the random mask's, in float16 vectors.
-           return vector_cycles(a, v.fields[0][0].elements(), 4, DType::f16);
-         },
+         // The draw costs about as much as the random mask's.
+         [](const Vertex& v, const ArchPreset& a) { return cast_cycles(v, a, 4); },
          {"out"},
          true});
   r.add({"IncrementCounter",

@@ -223,6 +223,30 @@ TEST_F(PodTrain, GlobalBatchLargerThanTheDataIsBadInput) {
                    "fewer than one global batch");
 }
 
+// --precision fp16 from a config file: the run learns and says so in summary.json; a loss
+// scale past float16's range stops the job at the first non-finite loss with advice.
+TEST_F(PodTrain, Float16FromAConfigFileAndATooLargeLossScale) {
+  const fs::path config = dir() / "fp16.json";
+  std::ofstream(config)
+      << R"({"precision": "fp16", "stochastic_rounding": "on", "loss_scaling": 64, "hidden": [24]})";
+  const std::string common = "train --config " + config.string() + " --data " + data().string() +
+                             " --micro-batch 16 --learning-rate 0.1 --arch tiny --run-dir ";
+  const Result r = run(mpirun(2) + common + (dir() / "fp16").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(dir() / "fp16" / "summary.json");
+  const auto summary = nlohmann::json::parse(in);
+  EXPECT_EQ(summary.at("config").at("precision"), "fp16");
+  EXPECT_EQ(summary.at("config").at("stochastic_rounding"), "on");
+  EXPECT_EQ(summary.at("config").at("loss_scaling"), 64.0);
+  EXPECT_GT(summary.at("test_accuracy").get<double>(), 0.6);
+
+  const Result overflow =
+      run(mpirun(2) + common + (dir() / "fp16-overflow").string() + " --loss-scaling 1e9");
+  EXPECT_EQ(overflow.exit_code, 1) << overflow.output;
+  EXPECT_NE(overflow.output.find("float16 overflowed"), std::string::npos) << overflow.output;
+  EXPECT_NE(overflow.output.find("lower --loss-scaling"), std::string::npos) << overflow.output;
+}
+
 TEST_F(PodTrain, UsageErrorsExitTwoAndHelpDescribesEveryOption) {
   expect_bad_input(run(std::string(IPUPOD_BINARY) + " train --replicas 2"), "--data is required");
   const std::string train = std::string(IPUPOD_BINARY) + " train --data " + data().string();
@@ -236,9 +260,10 @@ TEST_F(PodTrain, UsageErrorsExitTwoAndHelpDescribesEveryOption) {
   expect_bad_input(run(train + " --config " + config.string()), "is not valid JSON");
   const Result help = run(std::string(IPUPOD_BINARY) + " train --help");
   EXPECT_EQ(help.exit_code, 0);
-  for (const char* option : {"--model", "--data", "--replicas", "--stages", "--micro-batch",
-                             "--gradient-accumulation", "--device-iterations", "--epochs", "--arch",
-                             "--run-dir", "--config", "--recompute", "--clip-norm", "lamb"})
+  for (const char* option :
+       {"--model", "--data", "--replicas", "--stages", "--micro-batch", "--gradient-accumulation",
+        "--device-iterations", "--epochs", "--arch", "--run-dir", "--config", "--recompute",
+        "--clip-norm", "lamb", "--precision", "--loss-scaling", "--stochastic-rounding"})
     EXPECT_NE(help.output.find(option), std::string::npos) << option;
 }
 
