@@ -212,7 +212,8 @@ bool is_update(OpKind kind) {
 // float32); reshapes and stop_gradient are views of their input.
 bool makes_float16(OpKind kind) {
   return kind == OpKind::matmul || kind == OpKind::add || kind == OpKind::add_bias ||
-         kind == OpKind::relu || kind == OpKind::relu_grad;
+         kind == OpKind::relu || kind == OpKind::relu_grad || kind == OpKind::conv2d ||
+         kind == OpKind::conv2d_grad_input || kind == OpKind::conv2d_grad_weight;
 }
 bool reads_float16(OpKind kind) {
   return makes_float16(kind) || kind == OpKind::column_sum;
@@ -446,14 +447,14 @@ class Lowering {
 
   // Input k of op as the op computes on it: under --precision fp16, cast (once, or once per
   // phase, see share_casts_between_phases) to float16 for the ops that read float16, to
-  // float32 for the others. Views, in-place updates and the optimizer phase see the tensors
-  // themselves.
+  // float32 for the others (the state that in-place updates change is float32 already). Views
+  // and the optimizer phase see the tensors themselves.
   const ipu::Tensor& operand(const models::Op& op, std::size_t k, ipu::Program& prog) {
     const models::ValueId v = op.inputs[k];
     const ipu::Tensor& t = tensor(v);
     const bool float_type = t.dtype() == ipu::DType::f32 || t.dtype() == ipu::DType::f16;
-    if (!float16_ || !float_type || !op.output || op.phase == Phase::optimizer ||
-        op.kind == OpKind::reshape || op.kind == OpKind::stop_gradient)
+    if (!float16_ || !float_type || op.phase == Phase::optimizer || op.kind == OpKind::reshape ||
+        op.kind == OpKind::stop_gradient)
       return t;
     const ipu::DType want = reads_float16(op.kind) ? ipu::DType::f16 : ipu::DType::f32;
     if (t.dtype() == want) return t;

@@ -56,10 +56,10 @@ struct CompiledModel {
   std::size_t transfers = 0;           // send and receive programs of this stage
 };
 
-// With shape.float16, matmuls, additions, bias additions and ReLUs (forward and backward) run
-// on float16 operands (computing in float32, rounding each result once) and make float16
-// activations; the other ops get float32 copies of float16 operands. Parameters are stored as
-// float16 and updated in place; gradient accumulators, optimizer state, model state and the
+// With shape.float16, matmuls, convolutions, additions, bias additions and ReLUs (forward and
+// backward) run on float16 operands (computing in float32, rounding each result once) and make
+// float16 activations; the other ops get float32 copies of float16 operands. Parameters are stored
+// as float16 and updated in place; gradient accumulators, optimizer state, model state and the
 // host-facing outputs stay float32.
 // Lowers the ops of one pipeline stage of `model` (built for training) and, when given,
 // `eval_model` (the same model built with training = false, sharing parameters and state by

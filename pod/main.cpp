@@ -57,9 +57,9 @@ CLI::Option* add_model_options(CLI::App& app, TrainConfig& c) {
                  "Optimizer steps the device runs per host step (PopTorch deviceIterations)")
       ->capture_default_str();
   app.add_option("--precision", c.precision,
-                 "fp32, or fp16: parameters and the activations of matmuls, additions and ReLUs "
-                 "stored as float16 (computed in float32, rounded once); gradient accumulators, "
-                 "optimizer state and the other ops stay float32")
+                 "fp32, or fp16: parameters and the activations of matmuls, convolutions, "
+                 "additions and ReLUs stored as float16 (computed in float32, rounded once); "
+                 "gradient accumulators, optimizer state and the other ops stay float32")
       ->check(CLI::IsMember({"fp32", "fp16"}))
       ->capture_default_str();
   return accumulation;

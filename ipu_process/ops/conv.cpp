@@ -586,9 +586,16 @@ Dims make_dims(const std::vector<std::size_t>& x, const std::vector<std::size_t>
   return d;
 }
 
+// float16 operands are computed on in float32 (see Codelet::reads_float16_storage); the two
+// operands of one convolution share a type.
 void expect_f32(const Tensor& t, const std::string& name, const char* what) {
-  expect(t.dtype() == DType::f32, name,
-         std::string(what) + " must be float32, got " + dtype_name(t.dtype()));
+  expect(t.dtype() == DType::f32 || t.dtype() == DType::f16, name,
+         std::string(what) + " must be float32 or float16, got " + dtype_name(t.dtype()));
+}
+void expect_same_type(const Tensor& a, const Tensor& b, const std::string& name) {
+  expect(a.dtype() == b.dtype(), name,
+         std::string("operands of one type expected, got ") + dtype_name(a.dtype()) + " and " +
+             dtype_name(b.dtype()) + "; cast one of them");
 }
 
 // Distinct block sizes ceil(n / k) for k = 1..n, largest first.
@@ -801,6 +808,7 @@ Tensor conv2d(Graph& graph, Program& prog, const Tensor& x, const Tensor& w,
               const ConvParams& params, const std::string& name) {
   expect_f32(x, name, "input");
   expect_f32(w, name, "weight");
+  expect_same_type(x, w, name);
   const Dims d = make_dims(x.shape(), w.shape(), params, name);
   const ConvPlan plan = plan_forward(graph.arch(), d);
   const unsigned first = first_tile(graph, name);
@@ -808,7 +816,7 @@ Tensor conv2d(Graph& graph, Program& prog, const Tensor& x, const Tensor& w,
     return static_cast<unsigned>((first + (bb * plan.channel_blocks + cb) * plan.row_blocks + rb) %
                                  graph.tiles());
   };
-  Tensor y = graph.add_variable(DType::f32, {d.n, d.co, d.oh, d.ow}, name);
+  Tensor y = graph.add_variable(x.dtype(), {d.n, d.co, d.oh, d.ow}, name);
   for (std::size_t b = 0; b < d.n; ++b)
     for (std::size_t o = 0; o < d.co; ++o)
       for (std::size_t rb = 0; rb < plan.row_blocks; ++rb) {
@@ -831,9 +839,9 @@ Tensor conv2d(Graph& graph, Program& prog, const Tensor& x, const Tensor& w,
         const auto [c0, c1] = d.input_channels(o0, o1);
         const auto [ir0, ir1] = d.input_rows(r0, r1);
         const std::string at = "@" + std::to_string(tile);
-        Tensor xl = graph.add_variable(DType::f32, {b1 - b0, c1 - c0, ir1 - ir0, d.w},
+        Tensor xl = graph.add_variable(x.dtype(), {b1 - b0, c1 - c0, ir1 - ir0, d.w},
                                        name + "/x" + at, MemoryCategory::temporary);
-        Tensor wl = graph.add_variable(DType::f32, {o1 - o0, d.cig, d.kh, d.kw}, name + "/w" + at,
+        Tensor wl = graph.add_variable(w.dtype(), {o1 - o0, d.cig, d.kh, d.kw}, name + "/w" + at,
                                        MemoryCategory::temporary);
         graph.set_tile_mapping(xl, tile);
         graph.set_tile_mapping(wl, tile);
@@ -877,7 +885,7 @@ Tensor grad_input(Graph& graph, Program& prog, const Tensor& dy, const Tensor& w
     return static_cast<unsigned>((first + (bb * plan.channel_blocks + cb) * plan.row_blocks + rb) %
                                  graph.tiles());
   };
-  Tensor dx = graph.add_variable(DType::f32, input_shape, name);
+  Tensor dx = graph.add_variable(dy.dtype(), input_shape, name);
   for (std::size_t b = 0; b < d.n; ++b)
     for (std::size_t c = 0; c < d.ci; ++c)
       for (std::size_t rb = 0; rb < plan.row_blocks; ++rb) {
@@ -900,7 +908,7 @@ Tensor grad_input(Graph& graph, Program& prog, const Tensor& dy, const Tensor& w
         const auto [q0, q1] = d.output_channels(c0, c1);
         const auto [oy0, oy1] = d.output_rows(r0, r1);
         const std::string at = "@" + std::to_string(tile);
-        Tensor dyl = graph.add_variable(DType::f32, {b1 - b0, q1 - q0, oy1 - oy0, d.ow},
+        Tensor dyl = graph.add_variable(dy.dtype(), {b1 - b0, q1 - q0, oy1 - oy0, d.ow},
                                         name + "/dy" + at, MemoryCategory::temporary);
         // Weights grouped by group: for each group the block touches, [cog, its channels, taps].
         const std::size_t g0 = c0 / d.cig, g1 = (c1 - 1) / d.cig + 1;
@@ -909,7 +917,7 @@ Tensor grad_input(Graph& graph, Program& prog, const Tensor& dy, const Tensor& w
           const std::size_t l0 = std::max(c0, gr * d.cig), l1 = std::min(c1, (gr + 1) * d.cig);
           group_offset[gr - g0 + 1] = group_offset[gr - g0] + d.cog * (l1 - l0) * d.taps;
         }
-        Tensor wl = graph.add_variable(DType::f32, {group_offset.back()}, name + "/w" + at,
+        Tensor wl = graph.add_variable(w.dtype(), {group_offset.back()}, name + "/w" + at,
                                        MemoryCategory::temporary);
         graph.set_tile_mapping(dyl, tile);
         graph.set_tile_mapping(wl, tile);
@@ -966,6 +974,7 @@ Tensor conv2d_grad_input(Graph& graph, Program& prog, const Tensor& dy, const Te
                          const std::string& name) {
   expect_f32(dy, name, "output gradient");
   expect_f32(w, name, "weight");
+  expect_same_type(dy, w, name);
   const Dims d = make_dims(input_shape, w.shape(), params, name);
   const std::vector<std::size_t> dy_shape = {d.n, d.co, d.oh, d.ow};
   expect(dy.shape() == dy_shape, name,
@@ -979,6 +988,7 @@ Tensor conv2d_grad_weight(Graph& graph, Program& prog, const Tensor& dy, const T
                           const std::string& name) {
   expect_f32(dy, name, "output gradient");
   expect_f32(x, name, "input");
+  expect_same_type(dy, x, name);
   const Dims d = make_dims(x.shape(), weight_shape, params, name);
   const std::vector<std::size_t> dy_shape = {d.n, d.co, d.oh, d.ow};
   expect(dy.shape() == dy_shape, name,
@@ -991,7 +1001,7 @@ Tensor conv2d_grad_weight(Graph& graph, Program& prog, const Tensor& dy, const T
   const auto tile_of = [&](std::size_t cb, std::size_t p) {
     return static_cast<unsigned>((first + cb * parts + p) % graph.tiles());
   };
-  Tensor dw = graph.add_variable(DType::f32, weight_shape, name);
+  Tensor dw = graph.add_variable(x.dtype(), weight_shape, name);
   std::vector<std::pair<Tensor, Tensor>> copies;
   const ComputeSetId cs = graph.add_compute_set(name);
   const ConvGeometry geo = d.geometry();
@@ -1024,9 +1034,9 @@ Tensor conv2d_grad_weight(Graph& graph, Program& prog, const Tensor& dy, const T
           continue;
         }
         const auto [ir0, ir1] = d.input_rows(r0, r1);
-        Tensor xl = graph.add_variable(DType::f32, {b1 - b0, c1 - c0, ir1 - ir0, d.w},
+        Tensor xl = graph.add_variable(x.dtype(), {b1 - b0, c1 - c0, ir1 - ir0, d.w},
                                        name + "/x" + at, MemoryCategory::temporary);
-        Tensor dyl = graph.add_variable(DType::f32, {b1 - b0, ob, r1 - r0, d.ow}, name + "/dy" + at,
+        Tensor dyl = graph.add_variable(dy.dtype(), {b1 - b0, ob, r1 - r0, d.ow}, name + "/dy" + at,
                                         MemoryCategory::temporary);
         graph.set_tile_mapping(xl, tile);
         graph.set_tile_mapping(dyl, tile);
@@ -1109,6 +1119,7 @@ Tensor conv_transpose2d(Graph& graph, Program& prog, const Tensor& x, const Tens
                         const ConvParams& params, const std::string& name) {
   expect_f32(x, name, "input");
   expect_f32(w, name, "weight");
+  expect_same_type(x, w, name);
   const std::vector<std::size_t> out =
       conv_transpose2d_output_shape(x.shape(), w.shape(), params, name);
   // The transposed convolution of x is the input gradient of the convolution out -> x. With

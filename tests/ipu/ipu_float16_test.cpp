@@ -12,6 +12,7 @@
 
 #include "fabric/half.hpp"
 #include "ipu_process/engine.hpp"
+#include "ipu_process/ops/conv.hpp"
 #include "ipu_process/ops/elementwise.hpp"
 #include "ipu_process/ops/matmul.hpp"
 #include "ipu_process/ops/tensor_ops.hpp"
@@ -263,6 +264,54 @@ TEST(Float16Matmul, AccumulatesInFloat32AtTheFloat16Rate) {
       const double step = std::ldexp(1.0, std::ilogb(std::max(std::abs(want), 1e-3)) - 10);
       ASSERT_NEAR(got[i * n + j], want, step) << i << "," << j;
     }
+}
+
+// A convolution and its two gradients on float16 operands: the float32 results of the same
+// (float16-exact) operands, each rounded once to float16.
+TEST(Float16Conv, ForwardAndGradientsMatchFloat32RoundedOnce) {
+  const std::vector<std::size_t> xs = {2, 3, 7, 6}, ws = {4, 3, 3, 3}, ys = {2, 4, 7, 6};
+  const ops::ConvParams p{.pad_top = 1, .pad_bottom = 1, .pad_left = 1, .pad_right = 1};
+  const auto exact = [](std::vector<float> v) {
+    for (float& x : v) x = fabric::to_float(fabric::to_half(x));
+    return v;
+  };
+  const auto x = exact(random_floats(count(xs), 11)), w = exact(random_floats(count(ws), 12)),
+             dy = exact(random_floats(count(ys), 13));
+  const auto run = [&](DType dtype) {
+    Graph g(ArchPreset::get("tiny"));
+    const auto input = [&](const std::vector<std::size_t>& shape, const std::string& name) {
+      Tensor t = g.add_variable(dtype, shape, name);
+      g.map_linearly(t, 5);
+      g.set_host_access(t);
+      return t;
+    };
+    const Tensor tx = input(xs, "x"), tw = input(ws, "w"), tdy = input(ys, "dy");
+    Program prog;
+    const std::vector<Tensor> outs = {ops::conv2d(g, prog, tx, tw, p, "y"),
+                                      ops::conv2d_grad_input(g, prog, tdy, tw, xs, p, "dx"),
+                                      ops::conv2d_grad_weight(g, prog, tdy, tx, ws, p, "dw")};
+    for (const Tensor& t : outs) {
+      EXPECT_EQ(t.dtype(), dtype);
+      g.set_host_access(t);
+    }
+    Engine e(g, {{"p", prog}});
+    e.write_values(tx, x);
+    e.write_values(tw, w);
+    e.write_values(tdy, dy);
+    e.run("p");
+    std::vector<std::vector<float>> values;
+    for (const Tensor& t : outs) values.push_back(e.read_values(t));
+    return values;
+  };
+  const auto half = run(DType::f16), full = run(DType::f32);
+  for (std::size_t k = 0; k < half.size(); ++k)
+    for (std::size_t i = 0; i < half[k].size(); ++i)
+      ASSERT_EQ(half[k][i], fabric::to_float(fabric::to_half(full[k][i])))
+          << "output " << k << " element " << i;
+  Graph g(ArchPreset::get("tiny"));
+  Program prog;
+  const Tensor a = g.add_variable(DType::f16, xs, "a"), b = g.add_variable(DType::f32, ws, "b");
+  EXPECT_THROW(ops::conv2d(g, prog, a, b, p, "mixed"), std::invalid_argument);
 }
 
 TEST(Float16Cycles, AmpAndVectorRatesFollowThePreset) {
