@@ -270,7 +270,8 @@ class LivenessWalk {
       : graph_(graph),
         ranges_(ranges),
         last_touch_(ranges.size(), kNever),
-        step_slot_(ranges.size(), kNone) {}
+        step_slot_(ranges.size(), kNone),
+        killed_(ranges.size(), 0) {}
 
   void walk_program(const Program& p, int program) {
     program_ = program;
@@ -283,6 +284,7 @@ class LivenessWalk {
   struct Loop {
     std::size_t begin;
     std::vector<VariableId> carried;  // first touched in the body by a step that may read
+    std::vector<VariableId> killed;   // first met in the body by a WriteUndef of all of it
   };
   // What one step does to one variable: reads it (or may), and which elements it overwrites.
   struct StepAccess {
@@ -292,7 +294,9 @@ class LivenessWalk {
   };
 
   void access(const Tensor& t, bool write_only) {
-    const VariableId id = t.variable();
+    access(t.variable(), t.offset(), t.offset() + t.elements(), write_only);
+  }
+  void access(VariableId id, std::size_t begin, std::size_t end, bool write_only) {
     std::uint32_t& slot = step_slot_[id];
     if (slot == kNone) {
       slot = static_cast<std::uint32_t>(step_used_);
@@ -304,7 +308,7 @@ class LivenessWalk {
     }
     StepAccess& a = step_[slot];
     if (write_only)
-      a.written.emplace_back(t.offset(), t.offset() + t.elements());
+      a.written.emplace_back(begin, end);
     else
       a.read = true;
   }
@@ -329,6 +333,9 @@ class LivenessWalk {
       const bool whole = writes_whole(a);
       for (Loop& loop : loops_) {
         if (last != kNever && last >= loop.begin) continue;  // touched earlier in this body
+        if (!loop.killed.empty() &&
+            std::find(loop.killed.begin(), loop.killed.end(), a.var) != loop.killed.end())
+          continue;
         if (!whole) loop.carried.push_back(a.var);
       }
       last_touch_[a.var] = position_;
@@ -337,11 +344,13 @@ class LivenessWalk {
       r.program = program_;
       r.first = std::min(r.first, position_);
       r.last = std::max(r.last, position_);
-      // A write in a branch that may not run leaves the old value possibly live.
-      if (r.segments.empty() || (whole && conditional_ == 0))
+      // A write in a branch that may not run leaves the old value possibly live; after a
+      // WriteUndef of the whole variable there is no old value.
+      if (r.segments.empty() || (whole && conditional_ == 0) || killed_[a.var])
         r.segments.emplace_back(position_, position_);
       else
         r.segments.back().second = position_;
+      killed_[a.var] = 0;
     }
     step_used_ = 0;
     ++position_;
@@ -360,6 +369,28 @@ class LivenessWalk {
     }
     segments.emplace_back(from, end);
   }
+  // A WriteUndef kills each variable it covers whole: for liveness it is a write of the whole
+  // variable that needs no bytes, so the next touch starts a new segment, and in a loop body
+  // whose first touch of the variable this is, the value does not carry over. In code that may
+  // not run it ends no segment (on the path that skips it the value lives on) and speaks only
+  // for loops from loops_[kill_floor_] on, which run it whenever they iterate. (The variable is
+  // the unit of allocation: a WriteUndef of part of one frees nothing.)
+  void write_undef(const View& v) {
+    std::map<VariableId, std::vector<std::pair<std::size_t, std::size_t>>> parts;
+    for (const auto& r : v.view_regions()) parts[r.var].emplace_back(r.begin, r.end);
+    for (auto& [id, runs] : parts) {
+      std::sort(runs.begin(), runs.end());
+      std::size_t covered = 0;
+      for (const auto& [b, e] : runs)
+        if (b <= covered) covered = std::max(covered, e);
+      if (covered < graph_.variable(id).elements) continue;
+      for (std::size_t i = kill_floor_; i < loops_.size(); ++i) {
+        const std::size_t last = last_touch_[id];
+        if (last == kNever || last < loops_[i].begin) loops_[i].killed.push_back(id);
+      }
+      if (conditional_ == 0) killed_[id] = 1;
+    }
+  }
   void reads(const std::vector<Tensor>& tensors) {
     for (const auto& t : tensors) access(t, false);
   }
@@ -372,12 +403,15 @@ class LivenessWalk {
       case Program::Kind::repeat_while_true: {
         // A while loop's body may not run at all; a repeat's runs at least once (count >= 1).
         const bool may_skip = p.kind() == Program::Kind::repeat_while_true || p.count() == 0;
-        loops_.push_back({position_, {}});
+        loops_.push_back({position_, {}, {}});
         reads(p.tensors());
         end_step();
+        const std::size_t kill_floor = kill_floor_;
+        if (may_skip) kill_floor_ = loops_.size() - 1;
         conditional_ += may_skip ? 1 : 0;
         for (const auto& c : p.children()) walk(c);
         conditional_ -= may_skip ? 1 : 0;
+        kill_floor_ = kill_floor;
         Loop loop = std::move(loops_.back());
         loops_.pop_back();
         const std::size_t end = position_;  // the step that jumps back to the top
@@ -387,9 +421,14 @@ class LivenessWalk {
       case Program::Kind::if_else:
         reads({p.tensors()[0]});
         end_step();
-        ++conditional_;
-        for (const auto& c : p.children()) walk(c);
-        --conditional_;
+        {
+          const std::size_t kill_floor = kill_floor_;
+          kill_floor_ = loops_.size();
+          ++conditional_;
+          for (const auto& c : p.children()) walk(c);
+          --conditional_;
+          kill_floor_ = kill_floor;
+        }
         return;
       case Program::Kind::execute: {
         const auto& registry = CodeletRegistry::builtin();
@@ -407,7 +446,14 @@ class LivenessWalk {
       }
       case Program::Kind::copy:
         for (const auto& [src, dst] : p.pairs()) access(src, false);
+        for (const auto& [src, dst] : p.view_pairs())
+          for (const auto& r : src.view_regions()) access(r.var, r.begin, r.end, false);
         for (const auto& [src, dst] : p.pairs()) access(dst, true);
+        for (const auto& [src, dst] : p.view_pairs())
+          for (const auto& r : dst.view_regions()) access(r.var, r.begin, r.end, true);
+        break;
+      case Program::Kind::write_undef:
+        for (const View& v : p.views()) write_undef(v);
         break;
       case Program::Kind::sync:
         break;
@@ -433,7 +479,9 @@ class LivenessWalk {
   std::vector<Loop> loops_;  // open loops, outermost first
   std::size_t position_ = 0;
   int program_ = -1;
-  int conditional_ = 0;  // depth of branches and loops that may be skipped around this step
+  int conditional_ = 0;         // depth of branches and loops that may be skipped around this step
+  std::size_t kill_floor_ = 0;  // the outermost open loop a WriteUndef here speaks for
+  std::vector<char> killed_;    // per variable: whole WriteUndef since its last touch
 };
 
 struct Placement {
@@ -726,11 +774,22 @@ Engine::TileMemoryBlock& Engine::TileMemoryBlock::operator=(TileMemoryBlock&& o)
   return *this;
 }
 
-std::vector<Engine::Piece> Engine::resolve(const Tensor& t) const {
-  const Variable& v = graph_.variable(t.variable());
-  const std::size_t esize = dtype_size(v.dtype);
-  const std::size_t b = t.offset(), e = t.offset() + t.elements();
+std::vector<Engine::Piece> Engine::resolve(const View& v) const {
   std::vector<Piece> out;
+  for (const auto& r : v.view_regions()) resolve_into(r.var, r.begin, r.end, out);
+  return out;
+}
+
+std::vector<Engine::Piece> Engine::resolve(const Tensor& t) const {
+  std::vector<Piece> out;
+  resolve_into(t.variable(), t.offset(), t.offset() + t.elements(), out);
+  return out;
+}
+
+void Engine::resolve_into(VariableId var, std::size_t b, std::size_t e,
+                          std::vector<Piece>& out) const {
+  const Variable& v = graph_.variable(var);
+  const std::size_t esize = dtype_size(v.dtype);
   const auto& m = v.mapping;
   auto it = std::upper_bound(m.begin(), m.end(), b,
                              [](std::size_t x, const TileInterval& iv) { return x < iv.end; });
@@ -738,12 +797,10 @@ std::vector<Engine::Piece> Engine::resolve(const Tensor& t) const {
     const std::size_t k = static_cast<std::size_t>(it - m.begin());
     const std::size_t lo = std::max(it->begin, b), hi = std::min(it->end, e);
     std::byte* base = arenas_[it->tile];
-    out.push_back(
-        {it->tile,
-         base ? base + interval_offsets_[t.variable()][k] + (lo - it->begin) * esize : nullptr,
-         hi - lo});
+    out.push_back({it->tile,
+                   base ? base + interval_offsets_[var][k] + (lo - it->begin) * esize : nullptr,
+                   hi - lo});
   }
-  return out;
 }
 
 Engine::Node Engine::compile(const Program& p) {
@@ -846,9 +903,8 @@ Engine::Node Engine::compile(const Program& p) {
       auto ex = std::make_unique<CompiledExchange>();
       std::map<unsigned, std::size_t> bytes_out, bytes_in;
       std::vector<unsigned> dst_tiles;
-      for (const auto& [src, dst] : p.pairs()) {
-        const auto s = resolve(src), d = resolve(dst);
-        const std::size_t esize = dtype_size(src.dtype());
+      const auto plan = [&](const std::vector<Piece>& s, const std::vector<Piece>& d,
+                            std::size_t esize) {
         std::size_t si = 0, di = 0, soff = 0, doff = 0;
         while (si < s.size() && di < d.size()) {
           const std::size_t n = std::min(s[si].elements - soff, d[di].elements - doff);
@@ -862,7 +918,13 @@ Engine::Node Engine::compile(const Program& p) {
           if (soff == s[si].elements) ++si, soff = 0;
           if (doff == d[di].elements) ++di, doff = 0;
         }
-      }
+      };
+      for (const auto& [src, dst] : p.pairs())
+        plan(resolve(src), resolve(dst), dtype_size(src.dtype()));
+      // Views: each element of the source to the same logical element of the destination,
+      // piece by piece (a transposed source moves element by element).
+      for (const auto& [src, dst] : p.view_pairs())
+        plan(resolve(src), resolve(dst), dtype_size(src.dtype()));
       std::size_t worst = 0;
       for (auto& [t, b] : bytes_out) worst = std::max(worst, b);
       for (auto& [t, b] : bytes_in) worst = std::max(worst, b);
@@ -893,6 +955,9 @@ Engine::Node Engine::compile(const Program& p) {
     case Program::Kind::sync:
       node.sync = p.sync_kind();
       break;
+    case Program::Kind::write_undef:  // liveness only: at run time nothing, at no cost
+      node.kind = Program::Kind::sequence;
+      break;
     case Program::Kind::stream_to_device:
     case Program::Kind::stream_from_device:
     case Program::Kind::all_reduce:
@@ -921,6 +986,11 @@ Engine::Node Engine::compile(const Program& p) {
 
 void Engine::fuse_exchanges(Node& sequence) const {
   auto& steps = sequence.children;
+  // Steps that do nothing at run time (empty sequences, WriteUndef) do not keep an exchange
+  // from the compute set after it.
+  std::erase_if(steps, [](const Node& n) {
+    return n.kind == Program::Kind::sequence && n.children.empty() && !n.exchange;
+  });
   for (std::size_t i = 0; i + 1 < steps.size(); ++i) {
     if (steps[i].kind != Program::Kind::copy || steps[i + 1].kind != Program::Kind::execute)
       continue;
@@ -1031,6 +1101,8 @@ void Engine::execute(const Node& node) {
       account("exchange", &CycleBreakdown::exchange, ex.cycles, node.name);
       break;
     }
+    case Program::Kind::write_undef:
+      break;
     case Program::Kind::sync:
       if (node.sync == SyncKind::internal) {
         account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");

@@ -144,6 +144,9 @@ class Engine {
   bool predicate(const Node& node) const;
   void check_host_access(const Tensor& t) const;
   std::vector<Piece> resolve(const Tensor& t) const;
+  std::vector<Piece> resolve(const View& v) const;  // its regions' pieces, in element order
+  void resolve_into(VariableId var, std::size_t begin, std::size_t end,
+                    std::vector<Piece>& out) const;
   // Copy between tile pieces (in element order) and one contiguous host buffer.
   static void gather_pieces(const std::vector<Piece>& pieces, std::size_t element_bytes,
                             std::span<std::byte> out);

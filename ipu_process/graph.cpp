@@ -69,6 +69,14 @@ std::string shape_string(const std::vector<std::size_t>& shape) {
   for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
   return s + "]";
 }
+// A reshape keeps the element count; `what` is "tensor" or "view", for the message.
+void check_reshape(const std::vector<std::size_t>& from, const std::vector<std::size_t>& to,
+                   const char* what) {
+  if (product(from) != product(to))
+    throw std::invalid_argument(std::string("reshape of a ") + what + " of shape " +
+                                shape_string(from) + " to " + shape_string(to) +
+                                ": element counts differ");
+}
 }  // namespace
 
 Tensor::Tensor(VariableId var, std::size_t offset, std::vector<std::size_t> shape, DType dtype)
@@ -79,9 +87,7 @@ std::size_t Tensor::elements() const {
 }
 
 Tensor Tensor::reshape(std::vector<std::size_t> shape) const {
-  if (product(shape) != elements())
-    throw std::invalid_argument("reshape of a tensor of shape " + shape_string(shape_) + " to " +
-                                shape_string(shape) + ": element counts differ");
+  check_reshape(shape_, shape, "tensor");
   return Tensor(var_, offset_, std::move(shape), dtype_);
 }
 
@@ -106,6 +112,260 @@ Tensor Tensor::row(std::size_t i) const {
   Tensor r = rows(i, i + 1);
   std::vector<std::size_t> shape(r.shape_.begin() + 1, r.shape_.end());
   return Tensor(var_, r.offset_, std::move(shape), dtype_);
+}
+
+namespace {
+void push_merged(std::vector<ViewRegion>& out, const ViewRegion& r) {
+  if (r.begin >= r.end) return;
+  if (!out.empty() && out.back().var == r.var && out.back().end == r.begin)
+    out.back().end = r.end;
+  else
+    out.push_back(r);
+}
+
+// Picks runs of a view's logical elements out of its regions: take(b, e) appends the regions
+// holding elements [b, e), merged with what is already there.
+class Picker {
+ public:
+  explicit Picker(const std::vector<ViewRegion>& regions) : regions_(regions) {
+    starts_.reserve(regions.size() + 1);
+    std::size_t n = 0;
+    for (const auto& r : regions) {
+      starts_.push_back(n);
+      n += r.end - r.begin;
+    }
+    starts_.push_back(n);
+  }
+  void take(std::size_t b, std::size_t e, std::vector<ViewRegion>& out) {
+    if (b >= e) return;
+    std::size_t k = hint_;
+    if (!(k < regions_.size() && starts_[k] <= b && b < starts_[k + 1]))
+      k = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), b) -
+                                   starts_.begin()) -
+          1;
+    while (b < e) {
+      const ViewRegion& r = regions_[k];
+      const std::size_t off = b - starts_[k];
+      const std::size_t n = std::min(e - b, r.end - r.begin - off);
+      push_merged(out, {r.var, r.begin + off, r.begin + off + n});
+      b += n;
+      if (b < e || off + n == r.end - r.begin) ++k;
+    }
+    hint_ = k;
+  }
+
+ private:
+  const std::vector<ViewRegion>& regions_;
+  std::vector<std::size_t> starts_;
+  std::size_t hint_ = 0;
+};
+
+std::size_t product_of(const std::vector<std::size_t>& shape, std::size_t b, std::size_t e) {
+  std::size_t n = 1;
+  for (std::size_t i = b; i < e; ++i) n *= shape[i];
+  return n;
+}
+}  // namespace
+
+View::View(const Tensor& t) : shape_(t.shape()), dtype_(t.dtype()) {
+  if (t.elements() > 0) regions_.push_back({t.variable(), t.offset(), t.offset() + t.elements()});
+}
+
+View::View(std::vector<ViewRegion> regions, std::vector<std::size_t> shape, DType dtype)
+    : shape_(std::move(shape)), dtype_(dtype) {
+  std::size_t n = 0;
+  for (const auto& r : regions) {
+    if (r.end < r.begin) throw std::invalid_argument("a view region ends before it begins");
+    n += r.end - r.begin;
+    push_merged(regions_, r);
+  }
+  if (n != product(shape_))
+    throw std::invalid_argument("a view of shape " + shape_string(shape_) + " needs " +
+                                std::to_string(product(shape_)) + " elements, its regions hold " +
+                                std::to_string(n));
+}
+
+std::size_t View::elements() const {
+  return product(shape_);
+}
+
+View View::reshape(std::vector<std::size_t> shape) const {
+  check_reshape(shape_, shape, "view");
+  View v = *this;
+  v.shape_ = std::move(shape);
+  return v;
+}
+
+View View::slice(std::size_t begin, std::size_t end, std::size_t dim) const {
+  if (dim >= rank() || begin > end || end > shape_[dim])
+    throw std::out_of_range("slice [" + std::to_string(begin) + "," + std::to_string(end) +
+                            ") of dimension " + std::to_string(dim) + " of a view of shape " +
+                            shape_string(shape_));
+  const std::size_t outer = product_of(shape_, 0, dim), k = shape_[dim];
+  const std::size_t inner = product_of(shape_, dim + 1, rank());
+  View v;
+  v.dtype_ = dtype_;
+  v.shape_ = shape_;
+  v.shape_[dim] = end - begin;
+  Picker pick(regions_);
+  for (std::size_t o = 0; o < outer; ++o)
+    pick.take((o * k + begin) * inner, (o * k + end) * inner, v.regions_);
+  return v;
+}
+
+View View::index(std::size_t i, std::size_t dim) const {
+  View v = slice(i, i + 1, dim);
+  v.shape_.erase(v.shape_.begin() + static_cast<std::ptrdiff_t>(dim));
+  return v;
+}
+
+View View::permute(const std::vector<std::size_t>& perm) const {
+  const std::size_t r = rank();
+  std::vector<bool> seen(r, false);
+  bool ok = perm.size() == r;
+  for (std::size_t p : perm) {
+    ok = ok && p < r && !seen[p];
+    if (p < r) seen[p] = true;
+  }
+  if (!ok) {
+    std::string list;
+    for (std::size_t p : perm) list += (list.empty() ? "" : ",") + std::to_string(p);
+    throw std::invalid_argument("permute of a view of shape " + shape_string(shape_) + " by (" +
+                                list + "): not a permutation of its " + std::to_string(r) +
+                                " dimensions");
+  }
+  std::vector<std::size_t> stride(r, 1);
+  for (std::size_t i = r; i-- > 1;) stride[i - 1] = stride[i] * shape_[i];
+  View v;
+  v.dtype_ = dtype_;
+  v.shape_.resize(r);
+  std::vector<std::size_t> st(r);
+  for (std::size_t i = 0; i < r; ++i) {
+    v.shape_[i] = shape_[perm[i]];
+    st[i] = stride[perm[i]];
+  }
+  if (elements() == 0 || r == 0) {
+    v.regions_ = regions_;
+    return v;
+  }
+  // Walk the new shape in row-major order; the innermost dimension is one run when it is
+  // contiguous in this view, else one element at a time.
+  Picker pick(regions_);
+  const std::size_t inner = v.shape_[r - 1], s = st[r - 1];
+  std::vector<std::size_t> idx(r - 1, 0);
+  std::size_t base = 0;
+  for (;;) {
+    if (s == 1)
+      pick.take(base, base + inner, v.regions_);
+    else
+      for (std::size_t j = 0; j < inner; ++j) pick.take(base + j * s, base + j * s + 1, v.regions_);
+    std::size_t d = r - 1;
+    while (d > 0) {  // odometer over dimensions 0 .. r-2
+      --d;
+      base += st[d];
+      if (++idx[d] < v.shape_[d]) break;
+      base -= st[d] * idx[d];
+      idx[d] = 0;
+      if (d == 0) return v;
+    }
+    if (r == 1) return v;
+  }
+}
+
+View View::transpose() const {
+  if (rank() < 2)
+    throw std::invalid_argument("transpose of a view of shape " + shape_string(shape_) +
+                                ": needs at least two dimensions");
+  std::vector<std::size_t> perm(rank());
+  std::iota(perm.begin(), perm.end(), std::size_t{0});
+  std::swap(perm[rank() - 1], perm[rank() - 2]);
+  return permute(perm);
+}
+
+View View::broadcast(std::size_t n, std::size_t dim) const {
+  if (dim >= rank())
+    throw std::out_of_range("broadcast along dimension " + std::to_string(dim) +
+                            " of a view of shape " + shape_string(shape_));
+  const std::size_t outer = product_of(shape_, 0, dim);
+  const std::size_t chunk = product_of(shape_, dim, rank());
+  View v;
+  v.dtype_ = dtype_;
+  v.shape_ = shape_;
+  v.shape_[dim] *= n;
+  Picker pick(regions_);
+  for (std::size_t o = 0; o < outer; ++o)
+    for (std::size_t i = 0; i < n; ++i) pick.take(o * chunk, (o + 1) * chunk, v.regions_);
+  return v;
+}
+
+View View::expand(const std::vector<std::size_t>& shape) const {
+  const auto fail = [&] {
+    return std::invalid_argument("cannot broadcast a view of shape " + shape_string(shape_) +
+                                 " to " + shape_string(shape));
+  };
+  if (shape.size() < rank()) throw fail();
+  std::vector<std::size_t> padded(shape.size() - rank(), 1);
+  padded.insert(padded.end(), shape_.begin(), shape_.end());
+  View v = reshape(padded);
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (padded[d] == shape[d]) continue;
+    if (padded[d] != 1) throw fail();
+    v = v.broadcast(shape[d], d);
+  }
+  return v;
+}
+
+View View::concat(const std::vector<View>& parts, std::size_t dim) {
+  if (parts.empty()) throw std::invalid_argument("concat of no views");
+  const View& first = parts[0];
+  if (dim >= first.rank())
+    throw std::out_of_range("concat along dimension " + std::to_string(dim) +
+                            " of views of shape " + shape_string(first.shape_));
+  View v;
+  v.dtype_ = first.dtype_;
+  v.shape_ = first.shape_;
+  v.shape_[dim] = 0;
+  for (const View& p : parts) {
+    bool same = p.rank() == first.rank() && p.dtype_ == first.dtype_;
+    for (std::size_t d = 0; same && d < p.rank(); ++d)
+      same = d == dim || p.shape_[d] == first.shape_[d];
+    if (!same)
+      throw std::invalid_argument("concat along dimension " + std::to_string(dim) + " of a " +
+                                  dtype_name(p.dtype_) + " view of shape " +
+                                  shape_string(p.shape_) + " with a " + dtype_name(first.dtype_) +
+                                  " view of shape " + shape_string(first.shape_));
+    v.shape_[dim] += p.shape_[dim];
+  }
+  const std::size_t outer = product_of(first.shape_, 0, dim);
+  std::vector<Picker> pickers;
+  std::vector<std::size_t> chunks;
+  pickers.reserve(parts.size());
+  for (const View& p : parts) {
+    pickers.emplace_back(p.regions_);
+    chunks.push_back(product_of(p.shape_, dim, p.rank()));
+  }
+  for (std::size_t o = 0; o < outer; ++o)
+    for (std::size_t i = 0; i < parts.size(); ++i)
+      pickers[i].take(o * chunks[i], (o + 1) * chunks[i], v.regions_);
+  return v;
+}
+
+std::vector<Tensor> View::regions() const {
+  std::vector<Tensor> out;
+  out.reserve(regions_.size());
+  for (const auto& r : regions_)
+    out.emplace_back(r.var, r.begin, std::vector{r.end - r.begin}, dtype_);
+  return out;
+}
+
+bool View::has_repeats() const {
+  if (regions_.size() < 2) return false;
+  std::vector<ViewRegion> sorted = regions_;
+  std::sort(sorted.begin(), sorted.end(),
+            [](auto& a, auto& b) { return a.var != b.var ? a.var < b.var : a.begin < b.begin; });
+  for (std::size_t i = 1; i < sorted.size(); ++i)
+    if (sorted[i].var == sorted[i - 1].var && sorted[i].begin < sorted[i - 1].end) return true;
+  return false;
 }
 
 Graph::Graph(const ArchPreset& arch) : arch_(arch) {}
@@ -186,6 +446,22 @@ std::vector<TileInterval> Graph::tile_mapping(const Tensor& t) const {
   return out;
 }
 
+std::vector<TileInterval> Graph::tile_mapping(const View& v) const {
+  std::vector<TileInterval> out;
+  std::size_t pos = 0;
+  for (const auto& r : v.view_regions()) {
+    const std::size_t n = r.end - r.begin;
+    for (const auto& iv : tile_mapping(Tensor(r.var, r.begin, {n}, v.dtype()))) {
+      if (!out.empty() && out.back().tile == iv.tile && out.back().end == pos + iv.begin)
+        out.back().end = pos + iv.end;
+      else
+        out.push_back({pos + iv.begin, pos + iv.end, iv.tile});
+    }
+    pos += n;
+  }
+  return out;
+}
+
 unsigned Graph::tile_of(const Tensor& t) const {
   const auto m = tile_mapping(t);
   std::size_t covered = 0;
@@ -220,6 +496,18 @@ std::string Graph::describe(const Tensor& t) const {
   if (t.offset() == 0 && t.elements() == v.elements) return "'" + v.name + "'";
   return "'" + v.name + "'[" + std::to_string(t.offset()) + ":" +
          std::to_string(t.offset() + t.elements()) + "]";
+}
+
+std::string Graph::describe(const View& v) const {
+  const auto& rs = v.view_regions();
+  if (rs.size() == 1 && rs[0].end - rs[0].begin == v.elements())
+    return describe(Tensor(rs[0].var, rs[0].begin, {v.elements()}, v.dtype()));
+  std::string s = "a view of shape " + shape_string(v.shape()) + " over " +
+                  std::to_string(rs.size()) + " regions (";
+  for (std::size_t i = 0; i < std::min<std::size_t>(rs.size(), 3); ++i)
+    s += (i ? ", " : "") +
+         describe(Tensor(rs[i].var, rs[i].begin, {rs[i].end - rs[i].begin}, v.dtype()));
+  return s + (rs.size() > 3 ? ", ...)" : ")");
 }
 
 }  // namespace ipupod::ipu

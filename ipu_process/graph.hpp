@@ -1,5 +1,7 @@
 // The device graph of one IPU, in Poplar's vocabulary: variables mapped onto tiles, tensors
-// (contiguous views of variables), compute sets of vertices, and host streams.
+// (contiguous views of variables), views (ordered lists of regions of variables: slices,
+// transposes, broadcasts and concatenations that copy nothing), compute sets of vertices, and
+// host streams.
 #pragma once
 
 #include <cstddef>
@@ -51,6 +53,64 @@ class Tensor {
   DType dtype_ = DType::f32;
 };
 
+// A contiguous run [begin, end) of the elements of one variable.
+struct ViewRegion {
+  VariableId var = 0;
+  std::size_t begin = 0, end = 0;
+  bool operator==(const ViewRegion&) const = default;
+};
+
+// A view that copies nothing, like a Poplar tensor: an ordered list of contiguous regions of
+// variables (possibly of several variables, possibly naming the same elements more than once,
+// as a broadcast does) read in order as the elements of a row-major logical shape. Every
+// operation makes a new list of regions of the same variables: no variable, no byte, no copy.
+// A Tensor converts to a View of one region; Program::copy, vertex fields (through regions())
+// and Graph::tile_mapping accept views.
+class View {
+ public:
+  View() = default;  // empty: shape {0}
+  View(const Tensor& t);  // NOLINT(google-explicit-constructor): every tensor is a view
+  // The given regions of one dtype read in order as `shape`; adjacent runs are merged.
+  View(std::vector<ViewRegion> regions, std::vector<std::size_t> shape, DType dtype);
+
+  const std::vector<std::size_t>& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+  std::size_t elements() const;
+  std::size_t rank() const { return shape_.size(); }
+  std::size_t dim(std::size_t i) const { return shape_.at(i); }
+
+  View reshape(std::vector<std::size_t> shape) const;  // same element count
+  View flatten() const { return reshape({elements()}); }
+  // Elements [begin, end) of dimension `dim`; the other dimensions whole.
+  View slice(std::size_t begin, std::size_t end, std::size_t dim = 0) const;
+  // Index i of dimension `dim`, which goes away (rank - 1).
+  View index(std::size_t i, std::size_t dim = 0) const;
+  // Dimension i of the result is dimension perm[i] of this view (Poplar's dimShuffle).
+  View permute(const std::vector<std::size_t>& perm) const;
+  View transpose() const;  // swaps the last two dimensions
+  // This view repeated n times along `dim` (Poplar's broadcast): size dim(d) becomes n * dim(d);
+  // a dimension of size 1 becomes n copies of the same elements.
+  View broadcast(std::size_t n, std::size_t dim) const;
+  // Numpy-style broadcast to `shape`: dimensions aligned from the right, size-1 dimensions
+  // (and missing leading ones) repeated.
+  View expand(const std::vector<std::size_t>& shape) const;
+  // The parts side by side along `dim`: same rank and dtype, the same sizes elsewhere.
+  static View concat(const std::vector<View>& parts, std::size_t dim);
+
+  // The regions in element order, adjacent runs merged (what a vertex field connects to).
+  const std::vector<ViewRegion>& view_regions() const { return regions_; }
+  std::vector<Tensor> regions() const;
+  bool contiguous() const { return regions_.size() <= 1; }
+  // Whether some element of a variable appears more than once (a broadcast, or a concat of a
+  // view with itself): such a view may be read but not written.
+  bool has_repeats() const;
+
+ private:
+  std::vector<ViewRegion> regions_;
+  std::vector<std::size_t> shape_ = {0};  // the empty view by default
+  DType dtype_ = DType::f32;
+};
+
 struct TileInterval {
   std::size_t begin = 0, end = 0;  // elements of the variable
   unsigned tile = 0;
@@ -98,6 +158,8 @@ class Graph {
   void map_linearly(const Tensor& t, std::size_t grain = 1, unsigned first_tile = 0,
                     unsigned tile_count = 0);
   std::vector<TileInterval> tile_mapping(const Tensor& t) const;  // in the tensor's elements
+  // In the view's elements (logical order), adjacent same-tile runs merged.
+  std::vector<TileInterval> tile_mapping(const View& v) const;
   // The single tile holding every element of t, or throws naming the tensor and the tiles.
   unsigned tile_of(const Tensor& t) const;
 
@@ -108,6 +170,7 @@ class Graph {
   const std::vector<Variable>& variables() const { return variables_; }
   const std::vector<ComputeSet>& compute_sets() const { return compute_sets_; }
   std::string describe(const Tensor& t) const;  // "name[offset:offset+n]" for messages
+  std::string describe(const View& v) const;    // its regions, for messages
 
  private:
   const ArchPreset& arch_;

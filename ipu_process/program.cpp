@@ -40,6 +40,29 @@ Program Program::copy(std::vector<std::pair<Tensor, Tensor>> pairs) {
   return p;
 }
 
+Program Program::copy_views(std::vector<std::pair<View, View>> pairs) {
+  for (const auto& [src, dst] : pairs) {
+    if (src.elements() != dst.elements() || src.dtype() != dst.dtype())
+      throw std::invalid_argument("copy between views of " + std::to_string(src.elements()) + " " +
+                                  dtype_name(src.dtype()) + " and " +
+                                  std::to_string(dst.elements()) + " " + dtype_name(dst.dtype()) +
+                                  " elements: sizes or types differ");
+    if (dst.has_repeats())
+      throw std::invalid_argument(
+          "copy to a view that names some elements more than once (a broadcast?): the result "
+          "would depend on the order of the transfers");
+  }
+  Program p(Kind::copy);
+  p.node_->view_pairs = std::move(pairs);
+  return p;
+}
+
+Program Program::write_undef(const View& t) {
+  Program p(Kind::write_undef);
+  p.node_->views = {t};
+  return p;
+}
+
 Program Program::repeat(std::uint64_t count, Program body) {
   Program p(Kind::repeat);
   p.node_->count = count;

@@ -1,5 +1,6 @@
 // Programs that run on one IPU: a tree of Sequence, Execute, Copy, Repeat, RepeatWhileTrue, If,
-// Sync, host stream copies and cross-replica collectives, like Poplar's program classes.
+// Sync, WriteUndef, host stream copies and cross-replica collectives, like Poplar's program
+// classes.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +32,8 @@ class Program {
     stream_from_device,
     all_reduce,
     send,
-    receive
+    receive,
+    write_undef
   };
 
   Program();  // an empty sequence
@@ -40,6 +42,16 @@ class Program {
   // All pairs move in one exchange phase; each pair is (source, destination), same size.
   static Program copy(std::vector<std::pair<Tensor, Tensor>> pairs);
   static Program copy(const Tensor& src, const Tensor& dst) { return copy({{src, dst}}); }
+  // The same between views (transposed, broadcast, concatenated, ...): the exchange moves each
+  // element of src to the same logical element of dst, so copying a transposed view into a
+  // variable transposes through the exchange. dst must not name an element twice.
+  static Program copy(const View& src, const View& dst) { return copy_views({{src, dst}}); }
+  static Program copy_views(std::vector<std::pair<View, View>> pairs);
+  // Poplar's WriteUndef: the tensor's current contents are dead (undefined) from here. It costs
+  // nothing at run time; liveness ends the variables it covers whole here, so their bytes can
+  // be shared until they are next written, and at the top of a loop body it says their value
+  // does not carry from one iteration to the next.
+  static Program write_undef(const View& t);
   static Program repeat(std::uint64_t count, Program body);
   // Runs condition, then body while the scalar predicate (int32, uint32 or float32) is non-zero.
   static Program repeat_while_true(Program condition, Tensor predicate, Program body);
@@ -62,6 +74,9 @@ class Program {
   const std::vector<Program>& children() const { return node_->children; }
   ComputeSetId compute_set() const { return node_->cs; }
   const std::vector<std::pair<Tensor, Tensor>>& pairs() const { return node_->pairs; }
+  // A copy's pairs when given as views (copy_views or copy(View, View)), else empty.
+  const std::vector<std::pair<View, View>>& view_pairs() const { return node_->view_pairs; }
+  const std::vector<View>& views() const { return node_->views; }  // write_undef's view
   std::uint64_t count() const { return node_->count; }
   SyncKind sync_kind() const { return node_->sync; }
   CollectiveOp collective_op() const { return node_->op; }
@@ -76,6 +91,8 @@ class Program {
     std::vector<Program> children;
     ComputeSetId cs = 0;
     std::vector<std::pair<Tensor, Tensor>> pairs;
+    std::vector<std::pair<View, View>> view_pairs;
+    std::vector<View> views;
     std::uint64_t count = 0;
     SyncKind sync = SyncKind::internal;
     CollectiveOp op = CollectiveOp::sum;
