@@ -177,6 +177,8 @@ struct Engine::Node {
   std::string stream;
   std::vector<Piece> pieces;  // stream and collective data or the predicate, in element order
   std::size_t bytes = 0;
+  std::vector<Piece> out_pieces;  // reduce_scatter's block, all_gather's result
+  std::size_t out_bytes = 0;
   DType dtype = DType::f32;
   std::string name;            // for the trace
   unsigned peer = 0, tag = 0;  // send and receive
@@ -465,6 +467,11 @@ class LivenessWalk {
       case Program::Kind::all_reduce:
       case Program::Kind::send:
         reads(p.tensors());
+        break;
+      case Program::Kind::reduce_scatter:
+      case Program::Kind::all_gather:
+        reads(p.tensors());
+        for (const auto& t : p.outputs()) access(t, true);
         break;
     }
     end_step();
@@ -961,10 +968,15 @@ Engine::Node Engine::compile(const Program& p) {
     case Program::Kind::stream_to_device:
     case Program::Kind::stream_from_device:
     case Program::Kind::all_reduce:
+    case Program::Kind::reduce_scatter:
+    case Program::Kind::all_gather:
     case Program::Kind::send:
     case Program::Kind::receive:
       node.stream = p.stream();
-      node.name = p.kind() == Program::Kind::all_reduce ? "all_reduce" : p.stream();
+      node.name = p.kind() == Program::Kind::all_reduce       ? "all_reduce"
+                  : p.kind() == Program::Kind::reduce_scatter ? "reduce_scatter"
+                  : p.kind() == Program::Kind::all_gather     ? "all_gather"
+                                                              : p.stream();
       if (p.kind() == Program::Kind::send || p.kind() == Program::Kind::receive) {
         node.peer = p.peer();
         node.tag = p.tag();
@@ -978,6 +990,11 @@ Engine::Node Engine::compile(const Program& p) {
         auto pieces = resolve(t);
         node.pieces.insert(node.pieces.end(), pieces.begin(), pieces.end());
         node.bytes += t.elements() * dtype_size(t.dtype());
+      }
+      for (const Tensor& t : p.outputs()) {
+        auto pieces = resolve(t);
+        node.out_pieces.insert(node.out_pieces.end(), pieces.begin(), pieces.end());
+        node.out_bytes += t.elements() * dtype_size(t.dtype());
       }
       break;
   }
@@ -1133,6 +1150,30 @@ void Engine::execute(const Node& node) {
         account("fabric", &CycleBreakdown::fabric,
                 static_cast<std::uint64_t>(std::ceil(seconds * arch.clock_hz)), node.name);
       }
+      break;
+    }
+    case Program::Kind::reduce_scatter:
+    case Program::Kind::all_gather: {
+      const bool scatter = node.kind == Program::Kind::reduce_scatter;
+      if (scatter ? !collectives_.reduce_scatter : !collectives_.all_gather)
+        throw std::logic_error(node.name + " program run without a fabric binding");
+      account("sync", &CycleBreakdown::sync, arch.sync_cycles_external, "external sync");
+      staging_.resize(node.bytes);
+      std::vector<float> out(node.out_bytes / sizeof(float));
+      gather_pieces(node.pieces, sizeof(float), staging_);
+      const std::span<const float> in(reinterpret_cast<const float*>(staging_.data()),
+                                      node.bytes / sizeof(float));
+      if (scatter)
+        collectives_.reduce_scatter(in, out, node.op);
+      else
+        collectives_.all_gather(in, out);
+      scatter_pieces(node.out_pieces, sizeof(float), std::as_bytes(std::span(out)));
+      // Both are charged for the whole buffer: reduce_scatter's input, all_gather's output.
+      const auto& predict = scatter ? collectives_.predict_reduce_scatter_seconds
+                                    : collectives_.predict_all_gather_seconds;
+      const double seconds = predict ? predict(scatter ? node.bytes : node.out_bytes) : 0.0;
+      account("fabric", &CycleBreakdown::fabric,
+              static_cast<std::uint64_t>(std::ceil(seconds * arch.clock_hz)), node.name);
       break;
     }
     case Program::Kind::stream_to_device:

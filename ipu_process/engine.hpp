@@ -90,6 +90,14 @@ struct TraceEvent {
 struct CollectiveBinding {
   std::function<void(std::span<float>, CollectiveOp)> all_reduce;
   std::function<double(std::size_t bytes)> predict_seconds;
+  // Replicated tensor sharding: this replica's block of the reduction of `input` (the block's
+  // size says which elements), and every replica's block gathered into `output`; with the
+  // predicted time of each for the whole buffer's bytes.
+  std::function<void(std::span<const float> input, std::span<float> block, CollectiveOp)>
+      reduce_scatter;
+  std::function<void(std::span<const float> block, std::span<float> output)> all_gather;
+  std::function<double(std::size_t bytes)> predict_reduce_scatter_seconds,
+      predict_all_gather_seconds;
   // Point-to-point transfers to another IPU (pipeline stages). send must not block on the
   // receiver (it copies the bytes and completes later); receive blocks until they arrive.
   std::function<void(unsigned peer, unsigned tag, std::span<const std::byte>)> send;

@@ -128,6 +128,35 @@ Program Program::all_reduce(std::vector<Tensor> tensors, CollectiveOp op) {
   return p;
 }
 
+namespace {
+void check_f32(const std::vector<Tensor>& tensors, const char* what) {
+  for (const auto& t : tensors)
+    if (t.dtype() != DType::f32)
+      throw std::invalid_argument(std::string(what) + " supports float32 tensors only, got " +
+                                  dtype_name(t.dtype()));
+}
+}  // namespace
+
+Program Program::reduce_scatter(std::vector<Tensor> inputs, std::vector<Tensor> block,
+                                CollectiveOp op) {
+  check_f32(inputs, "reduce_scatter");
+  check_f32(block, "reduce_scatter");
+  Program p(Kind::reduce_scatter);
+  p.node_->tensors = std::move(inputs);
+  p.node_->outputs = std::move(block);
+  p.node_->op = op;
+  return p;
+}
+
+Program Program::all_gather(std::vector<Tensor> block, std::vector<Tensor> outputs) {
+  check_f32(block, "all_gather");
+  check_f32(outputs, "all_gather");
+  Program p(Kind::all_gather);
+  p.node_->tensors = std::move(block);
+  p.node_->outputs = std::move(outputs);
+  return p;
+}
+
 Program Program::send(Tensor src, unsigned peer, unsigned tag) {
   Program p(Kind::send);
   p.node_->tensors = {std::move(src)};

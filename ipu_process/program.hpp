@@ -31,6 +31,8 @@ class Program {
     stream_to_device,
     stream_from_device,
     all_reduce,
+    reduce_scatter,
+    all_gather,
     send,
     receive,
     write_undef
@@ -62,6 +64,13 @@ class Program {
   static Program stream_from_device(std::string stream, Tensor src);
   // Reduce float32 tensors across the replicas bound to the engine (through the fabric).
   static Program all_reduce(std::vector<Tensor> tensors, CollectiveOp op);
+  // Replicated tensor sharding: the float32 tensors `inputs`, concatenated, form one buffer cut
+  // into one block per replica (the binding decides which is this replica's); reduce_scatter
+  // leaves this replica's block of the reduction in `block` (concatenated), all_gather fills
+  // `outputs` with every replica's `block`. Block sizes must match what the binding expects.
+  static Program reduce_scatter(std::vector<Tensor> inputs, std::vector<Tensor> block,
+                                CollectiveOp op);
+  static Program all_gather(std::vector<Tensor> block, std::vector<Tensor> outputs);
   // Point-to-point transfers to and from another IPU of the pod through the fabric (pipeline
   // activations and gradients): the message on channel `tag` must have src's exact size.
   static Program send(Tensor src, unsigned peer, unsigned tag);
@@ -82,6 +91,7 @@ class Program {
   CollectiveOp collective_op() const { return node_->op; }
   const std::string& stream() const { return node_->stream; }
   const std::vector<Tensor>& tensors() const { return node_->tensors; }
+  const std::vector<Tensor>& outputs() const { return node_->outputs; }  // of the collectives
   unsigned peer() const { return node_->peer; }
   unsigned tag() const { return node_->tag; }
 
@@ -98,6 +108,7 @@ class Program {
     CollectiveOp op = CollectiveOp::sum;
     std::string stream;
     std::vector<Tensor> tensors;  // stream data, collective data, or the predicate
+    std::vector<Tensor> outputs;  // reduce_scatter's block, all_gather's result
     unsigned peer = 0, tag = 0;   // send and receive
   };
   explicit Program(Kind kind);

@@ -1,10 +1,12 @@
 // Lowering of IR ops onto the device, one op library call per op.
 #include "pod/compiler.hpp"
 
+#include <algorithm>
 #include <optional>
 #include <set>
 #include <stdexcept>
 
+#include "fabric/collectives.hpp"
 #include "ipu_process/ops/common.hpp"
 #include "ipu_process/ops/conv.hpp"
 #include "ipu_process/ops/elementwise.hpp"
@@ -294,6 +296,12 @@ class Lowering {
   bool has(models::ValueId v) const { return tensors_.count(v) > 0; }
   // The updates read the gradients bound below times this (the mean over the micro-batches).
   void set_gradient_scale(double scale) { gradient_scale_ = scale; }
+  // Replicated tensor sharding: the update of `param` changes elements [begin, end) only, its
+  // optimizer state holds just those, and the updates of parameters not listed are skipped.
+  void shard(models::ValueId param, std::size_t begin, std::size_t end) {
+    shards_[param] = {begin, end};
+  }
+  void set_sharded(bool sharded) { sharded_ = sharded; }
   // ... and times this scalar of the step (clipping), if set.
   void set_gradient_factor(const ipu::Tensor& factor) { gradient_factor_ = factor; }
   // Makes `v` stand for `t` from here on (the optimizer reads the accumulated gradients).
@@ -314,6 +322,11 @@ class Lowering {
           op.kind == OpKind::global_norm || op.kind == OpKind::clip_factor)
         continue;
       if (op.pipeline_stage != stage && op.kind != OpKind::increment) continue;
+      if (sharded_) {  // no update of a parameter without a shard here, nor its state
+        const models::Op* update =
+            is_update(op.kind) ? &op : (op.output ? update_of_state(*op.output) : nullptr);
+        if (update && !shards_.count(update->inputs[0])) continue;
+      }
       if (op.output && has(*op.output)) continue;
       lower_with_inputs(op, prog);
     }
@@ -392,6 +405,35 @@ class Lowering {
                            .weight_decay = first.r("weight_decay"),
                            .grad_scale = gradient_scale_},
                           "optimizer/lamb" + std::to_string(lamb_done_.size()));
+  }
+
+  // The elements of the parameter `update` changes: all of them, or its shard.
+  ipu::Tensor updated(const models::Op& update) const {
+    const ipu::Tensor& param = tensor(update.inputs[0]);
+    const auto it = shards_.find(update.inputs[0]);
+    if (it == shards_.end()) return param;
+    return param.flatten().slice(it->second.first, it->second.second);
+  }
+  // A stateful update's state (moments, velocity) when sharded: laid out like the parameter's
+  // shard, zero at start (the optimizers' state starts at zero), not checkpointed.
+  std::optional<ipu::Tensor> sharded_state(models::ValueId state) {
+    const models::Op* update = update_of_state(state);
+    if (!sharded_ || !update || !shards_.count(update->inputs[0])) return std::nullopt;
+    ipu::Tensor t =
+        ipu::ops::clone_like(*out_.graph, updated(*update), model_->graph.value(state).name,
+                             ipu::MemoryCategory::optimizer_state);
+    out_.constants.emplace_back(t, 0.0f);
+    return t;
+  }
+  // The stateful update whose per-element state (moments, velocity) `value` is, if any.
+  const models::Op* update_of_state(models::ValueId value) const {
+    if (model_->graph.producer(value).kind != OpKind::state) return nullptr;
+    // (param, grad, velocity, rate) or (param, grad, m, v, rate, step): the step is shared.
+    for (const auto& op : model_->graph.ops())
+      if (is_update(op.kind) && (op.inputs[2] == value ||
+                                 (op.kind != OpKind::sgd_momentum_step && op.inputs[3] == value)))
+        return &op;
+    return nullptr;
   }
 
   // A parameter, state or input variable, created by the first model that names it.
@@ -479,8 +521,14 @@ class Lowering {
         break;
       case OpKind::parameter:
       case OpKind::state: {
+        if (const auto sharded = sharded_state(*op.output)) {
+          tensors_.emplace(*op.output, *sharded);  // its shard's shape, not the IR's
+          return;
+        }
         const bool fresh = !shared_.count(model_->graph.value(*op.output).name);
-        result = shared_variable(op, info, ipu::MemoryCategory::weight);
+        result = shared_variable(op, info,
+                                 update_of_state(*op.output) ? ipu::MemoryCategory::optimizer_state
+                                                             : ipu::MemoryCategory::weight);
         if (fresh) {
           if (op.kind == OpKind::parameter) out_.parameters.emplace(*op.output, result);
           out_.initial_values.emplace_back(*op.output, result);
@@ -641,7 +689,7 @@ class Lowering {
         break;
       }
       case OpKind::sgd_momentum_step:
-        ops::sgd_momentum_update(g, prog, in(0), in(1), in(2), step_coefficients(op, prog),
+        ops::sgd_momentum_update(g, prog, updated(op), in(1), in(2), step_coefficients(op, prog),
                                  {.momentum = op.r("momentum"),
                                   .weight_decay = op.r("weight_decay"),
                                   .nesterov = op.i("nesterov") != 0,
@@ -649,7 +697,7 @@ class Lowering {
                                  name);
         return;
       case OpKind::adam_step:
-        ops::adam_update(g, prog, in(0), in(1), in(2), in(3), step_coefficients(op, prog),
+        ops::adam_update(g, prog, updated(op), in(1), in(2), in(3), step_coefficients(op, prog),
                          {.beta1 = op.r("beta1"),
                           .beta2 = op.r("beta2"),
                           .eps = op.r("eps"),
@@ -714,6 +762,8 @@ class Lowering {
   std::optional<ipu::Tensor> gradient_factor_;
   std::map<std::string, ipu::ops::TileCopies> step_coefficients_;
   std::set<const models::Op*> lamb_done_;
+  bool sharded_ = false;
+  std::map<models::ValueId, std::pair<std::size_t, std::size_t>> shards_;
 };
 
 }  // namespace
@@ -758,6 +808,7 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   // Stateful optimizers read the mean accumulated gradient in place of the last micro-batch's.
   std::vector<std::pair<models::ValueId, ipu::Tensor>> mean_gradients;
   std::vector<ipu::Tensor> updated_accumulators;  // theirs, once each
+  std::vector<const models::Op*> updates;         // the stateful updates of this stage
   // The sum of a parameter's gradients over the step's micro-batches, zeroed at its start.
   const auto accumulator = [&](models::ValueId param_id, models::ValueId grad_id) {
     const std::string name = model.graph.value(param_id).name;
@@ -789,6 +840,7 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
       mean_gradients.emplace_back(grad_id, acc);
       if (op.inputs[1] != grad_id) mean_gradients.emplace_back(op.inputs[1], acc);
       updated_accumulators.push_back(acc);
+      updates.push_back(&op);
       continue;
     }
     if (op.kind != OpKind::sgd_step || op.pipeline_stage != stage) continue;
@@ -891,8 +943,57 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
       step.add(slot);
     }
   }
-  if (shape.replicas > 1 && !accumulators.empty())
+  // Replicated tensor sharding: the stateful updates' accumulators, end to end, form one buffer
+  // of which this replica keeps block `replica` of the reduction; each parameter's part of that
+  // block is its shard (possibly none), updated here and gathered back from every replica after.
+  const bool sharding = shape.replicated_tensor_sharding && shape.replicas > 1;
+  std::vector<ipu::Tensor> gradient_blocks, weight_blocks, sharded_weights;
+  if (sharding) {
+    for (const auto& op : model.graph.ops())
+      if (op.kind == OpKind::lamb_step || op.kind == OpKind::global_norm)
+        throw std::invalid_argument(
+            "replicated tensor sharding does not support " +
+            std::string(op.kind == OpKind::lamb_step ? "LAMB" : "gradient clipping") +
+            " yet (their norms would span the replicas' shards); use adam, adamw or "
+            "sgd_momentum without --clip-norm, or drop --replicated-tensor-sharding");
+    std::size_t total = 0;
+    for (const ipu::Tensor& acc : updated_accumulators) total += acc.elements();
+    const auto block = fabric::ring_chunk(total, static_cast<int>(shape.replicas),
+                                          static_cast<int>(shape.replica));
+    std::size_t offset = 0;
+    lowering.set_sharded(true);
+    for (std::size_t j = 0; j < updates.size(); ++j) {
+      const ipu::Tensor& acc = updated_accumulators[j];
+      const std::size_t lo = std::max(block.begin, offset),
+                        hi = std::min(block.end, offset + acc.elements());
+      const models::ValueId param_id = updates[j]->inputs[0];
+      sharded_weights.push_back(out.parameters.at(param_id).flatten());
+      if (lo < hi) {
+        const ipu::Tensor weights = sharded_weights.back().slice(lo - offset, hi - offset);
+        // The block lands in the accumulator's own elements (the collective reads all of its
+        // input before it writes the block): no buffer for it.
+        const ipu::Tensor gradient = acc.flatten().slice(lo - offset, hi - offset);
+        lowering.shard(param_id, lo - offset, hi - offset);
+        for (auto& [grad_id, bound] : mean_gradients)
+          if (bound.variable() == acc.variable()) bound = gradient;
+        gradient_blocks.push_back(gradient);
+        weight_blocks.push_back(weights);
+      }
+      offset += acc.elements();
+    }
+    std::vector<ipu::Tensor> flat;
+    for (const ipu::Tensor& acc : updated_accumulators) flat.push_back(acc.flatten());
+    if (!flat.empty())
+      step.add(ipu::Program::reduce_scatter(flat, gradient_blocks, ipu::CollectiveOp::mean));
+    std::vector<ipu::Tensor> rest;  // plain SGD's, which keeps no state
+    for (const ipu::Tensor& acc : accumulators)
+      if (std::none_of(updated_accumulators.begin(), updated_accumulators.end(),
+                       [&](const ipu::Tensor& u) { return u.variable() == acc.variable(); }))
+        rest.push_back(acc);
+    if (!rest.empty()) step.add(ipu::Program::all_reduce(rest, ipu::CollectiveOp::mean));
+  } else if (shape.replicas > 1 && !accumulators.empty()) {
     step.add(ipu::Program::all_reduce(accumulators, ipu::CollectiveOp::mean));
+  }
   // The stateful optimizers read the accumulators in place, scaled to their mean over the
   // micro-batches by the update itself (the all-reduce averaged the replicas): no mean tensor,
   // no exchange to bring one onto the parameter's layout.
@@ -934,6 +1035,8 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   }
   lowering.lower_optimizer(stage, optimizer);
   step.add(optimizer);
+  if (sharding && !sharded_weights.empty())
+    step.add(ipu::Program::all_gather(weight_blocks, sharded_weights));
   out.programs["train"] = ipu::Program::repeat(shape.device_iterations, step);
 
   // Evaluation runs the inference-mode model (running statistics, no dropout) on the same

@@ -36,6 +36,11 @@ struct StepShape {
   // --precision fp16: parameters and the activations of the ops that compute on float16 (see
   // compile_for_ipu) are float16 in tile memory; everything else stays float32.
   bool float16 = false;
+  // Replicated tensor sharding (PopTorch's name): with replicas > 1 each replica keeps only its
+  // block of the stateful optimizers' state; the gradients are reduce-scattered instead of
+  // all-reduced, each replica updates its block of the weights and all-gathers the rest.
+  bool replicated_tensor_sharding = false;
+  std::size_t replica = 0;  // this IPU's replica (which block it keeps)
 };
 
 struct CompiledModel {

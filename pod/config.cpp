@@ -76,6 +76,20 @@ void validate(const TrainConfig& c, int world_size) {
   if (!(c.clip_norm >= 0))
     throw UsageError("--clip-norm must be >= 0 (0: no clipping), got " +
                      std::to_string(c.clip_norm));
+  if (c.replicated_tensor_sharding && (c.optimizer == "lamb" || c.clip_norm > 0))
+    throw UsageError("--replicated-tensor-sharding does not support " +
+                     std::string(c.optimizer == "lamb" ? "--optimizer lamb" : "--clip-norm") +
+                     " yet (their norms would span the replicas' shards); use adam, adamw or "
+                     "sgd_momentum without --clip-norm, or drop --replicated-tensor-sharding");
+  if (c.replicated_tensor_sharding && c.precision == "fp16")
+    throw UsageError(
+        "--replicated-tensor-sharding does not support --precision fp16 yet (the fabric's "
+        "reduce-scatter and all-gather of the device take float32 tensors); drop one of them");
+  if (c.replicated_tensor_sharding && (c.checkpoint_every > 0 || !c.resume.empty()))
+    throw UsageError(
+        "--replicated-tensor-sharding does not support checkpoints yet (each replica keeps only "
+        "its shard of the optimizer state and checkpoints are written from replica 0); drop "
+        "--checkpoint-every and --resume, or --replicated-tensor-sharding");
   if (!(c.momentum >= 0 && c.momentum < 1))
     throw UsageError("--momentum must be in [0, 1), got " + std::to_string(c.momentum));
   if (!(c.weight_decay >= 0))
@@ -123,6 +137,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"precision", c.precision},
           {"loss_scaling", c.loss_scaling},
           {"stochastic_rounding", c.stochastic_rounding},
+          {"replicated_tensor_sharding", c.replicated_tensor_sharding},
           {"seed", c.seed},
           {"shuffle", c.shuffle},
           {"global_batch", c.global_batch()}};

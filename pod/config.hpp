@@ -47,6 +47,7 @@ struct TrainConfig {
   double loss_scaling = 1;                  // static loss scale S: the loss gradient is seeded
                                             // with S and gradients are divided by S to update
   std::string stochastic_rounding = "off";  // or on: float16 stores round stochastically
+  bool replicated_tensor_sharding = false;  // each replica keeps 1/R of the optimizer state
   std::uint64_t seed = 1;
   bool shuffle = true;
   bool allow_out_of_memory = false;

@@ -115,17 +115,19 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
   models::ModelOptions eval_options = model_options(config, startup, false);
   follow_automatic_split(config, model, eval_options);
   const models::Model eval_model = models::build_model(config.model, eval_options);
-  CompiledModel compiled = compile_for_ipu(model, arch,
-                                           {.gradient_accumulation = config.gradient_accumulation,
-                                            .device_iterations = config.device_iterations,
-                                            .replicas = config.replicas,
-                                            .stages = config.stages,
-                                            .stage = static_cast<std::size_t>(stage),
-                                            .grouped = config.pipeline_schedule == "grouped",
-                                            .recompute = config.recompute,
-
-                                            .float16 = config.precision == "fp16"},
-                                           &eval_model);
+  CompiledModel compiled =
+      compile_for_ipu(model, arch,
+                      {.gradient_accumulation = config.gradient_accumulation,
+                       .device_iterations = config.device_iterations,
+                       .replicas = config.replicas,
+                       .stages = config.stages,
+                       .stage = static_cast<std::size_t>(stage),
+                       .grouped = config.pipeline_schedule == "grouped",
+                       .recompute = config.recompute,
+                       .float16 = config.precision == "fp16",
+                       .replicated_tensor_sharding = config.replicated_tensor_sharding,
+                       .replica = static_cast<std::size_t>(replica)},
+                      &eval_model);
   ipu::Engine engine(*compiled.graph, compiled.programs,
                      {.allow_out_of_memory = config.allow_out_of_memory,
                       .threads = 1,
@@ -272,11 +274,30 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
         op == ipu::CollectiveOp::mean ? fabric::ReduceOp::mean : fabric::ReduceOp::sum,
         collective_options);
   };
-  collectives.predict_seconds = [&](std::size_t bytes) {
-    return fabric::predict(fabric::Collective::all_reduce, fabric::DataType::float32,
-                           bytes / sizeof(float), static_cast<int>(config.replicas),
-                           collective_options)
+  const auto predict = [&](fabric::Collective collective, std::size_t bytes) {
+    return fabric::predict(collective, fabric::DataType::float32, bytes / sizeof(float),
+                           static_cast<int>(config.replicas), collective_options)
         .predicted_seconds;
+  };
+  collectives.predict_seconds = [&](std::size_t bytes) {
+    return predict(fabric::Collective::all_reduce, bytes);
+  };
+  // Replicated tensor sharding: block r of the buffer is replica r's (transport rank r).
+  collectives.reduce_scatter = [&](std::span<const float> input, std::span<float> block,
+                                   ipu::CollectiveOp op) {
+    fabric::reduce_scatter(
+        transport, input, block,
+        op == ipu::CollectiveOp::mean ? fabric::ReduceOp::mean : fabric::ReduceOp::sum,
+        collective_options);
+  };
+  collectives.all_gather = [&](std::span<const float> block, std::span<float> output) {
+    fabric::all_gather(transport, block, output, collective_options);
+  };
+  collectives.predict_reduce_scatter_seconds = [&](std::size_t bytes) {
+    return predict(fabric::Collective::reduce_scatter, bytes);
+  };
+  collectives.predict_all_gather_seconds = [&](std::size_t bytes) {
+    return predict(fabric::Collective::all_gather, bytes);
   };
   // Pipeline transfers: sends copy their bytes and complete in the background (a stage never
   // waits on its successor to post a receive); receives block; each slot of the grouped

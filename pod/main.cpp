@@ -173,6 +173,11 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
                   "all-reduce and the mean over micro-batches, scale all of them by "
                   "min(1, X / (norm + 1e-6)); the norm spans every pipeline stage (0: no clipping)")
       ->capture_default_str();
+  train.add_flag(
+      "--replicated-tensor-sharding", c.replicated_tensor_sharding,
+      "Each of the R replicas keeps 1/R of the optimizer state (Adam moments, "
+      "momentum): gradients are reduce-scattered, each replica updates its block of "
+      "the weights and all-gathers the rest (not with lamb, --clip-norm or checkpoints)");
   train
       .add_option("--lr-schedule", c.lr_schedule,
                   "constant, step (x0.1 after each quarter of the run) or cosine (to 0 at the end)")

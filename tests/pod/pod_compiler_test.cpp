@@ -6,6 +6,8 @@
 #include <random>
 #include <thread>
 
+#include "fabric/collectives.hpp"
+#include "fabric/loopback_transport.hpp"
 #include "ipu_process/engine.hpp"
 #include "models/interpreter.hpp"
 #include "pod/compiler.hpp"
@@ -403,6 +405,102 @@ TEST(Compiler, PipelinedStagesClipByTheNormOfEveryStagesGradients) {
           ASSERT_NEAR(got[i], w[i], 1e-6 + 1e-5 * std::abs(w[i])) << what << ": " << name << i;
       }
     }
+  }
+}
+
+// Two replicas, each an engine on its own thread bound to the fabric's collectives over the
+// in-process transport, trained on different micro-batches with Adam; returns each replica's
+// weights by name and the bytes of its moments.
+struct ReplicaRun {
+  std::map<std::string, std::vector<float>> weights;
+  std::size_t moment_bytes = 0;
+};
+
+std::vector<ReplicaRun> run_replicas(models::OptimizerKind kind, bool sharding) {
+  models::ModelOptions o;
+  o.micro_batch = 4;
+  o.sample_shape = {1, 3, 5};
+  o.classes = 3;
+  o.hidden = {11, 7};
+  o.learning_rate = 0.01;
+  o.optimizer.kind = kind;
+  o.optimizer.weight_decay = 0.01;
+  const models::Model model = models::build_model("mlp", o);
+  const int replicas = 2;
+  std::vector<ReplicaRun> runs(replicas);
+  fabric::run_on_loopback(replicas, [&](fabric::Transport& transport) {
+    const int r = transport.rank();
+    CompiledModel compiled = compile_for_ipu(model, ipu::ArchPreset::get("tiny"),
+                                             {.gradient_accumulation = 2,
+                                              .device_iterations = 3,
+                                              .replicas = replicas,
+                                              .replicated_tensor_sharding = sharding,
+                                              .replica = static_cast<std::size_t>(r)});
+    ipu::Engine engine(*compiled.graph, compiled.programs);
+    for (const auto& [id, tensor] : compiled.initial_values) {
+      const models::Buffer init = models::initial_parameter(model.graph, id, 3);
+      engine.write(tensor, std::as_bytes(std::span(init.f)));
+    }
+    write_constants(engine, compiled);
+    ipu::CollectiveBinding b;
+    const auto op_of = [](ipu::CollectiveOp op) {
+      return op == ipu::CollectiveOp::mean ? fabric::ReduceOp::mean : fabric::ReduceOp::sum;
+    };
+    b.all_reduce = [&](std::span<float> data, ipu::CollectiveOp op) {
+      fabric::all_reduce(transport, data, op_of(op));
+    };
+    b.reduce_scatter = [&](std::span<const float> in, std::span<float> block,
+                           ipu::CollectiveOp op) {
+      fabric::reduce_scatter(transport, in, block, op_of(op));
+    };
+    b.all_gather = [&](std::span<const float> block, std::span<float> out) {
+      fabric::all_gather(transport, block, out);
+    };
+    b.predict_seconds = [](std::size_t) { return 0.0; };
+    engine.bind_collectives(std::move(b));
+    HostStreams host;
+    std::mt19937 gen(static_cast<unsigned>(20 + r));  // each replica its own micro-batches
+    std::normal_distribution<float> d;
+    for (std::size_t i = 0; i < 6; ++i) {
+      host.xs.push_back(models::Buffer::zeros(model.graph.info(model.input)));
+      host.ys.push_back(models::Buffer::zeros(model.graph.info(model.labels)));
+      for (auto& v : host.xs.back().f) v = d(gen);
+      for (std::size_t k = 0; k < o.micro_batch; ++k)
+        host.ys.back().i[k] = static_cast<std::int32_t>((k + i + r) % o.classes);
+    }
+    host.connect(engine);
+    engine.run("train");
+    for (const auto& [id, tensor] : compiled.parameters) {
+      const auto bytes = engine.read(tensor);
+      auto& w = runs[r].weights[model.graph.value(id).name];
+      w.resize(bytes.size() / 4);
+      std::memcpy(w.data(), bytes.data(), bytes.size());
+    }
+    for (const auto& var : compiled.graph->variables())
+      if (var.name.ends_with("/exp_avg") || var.name.ends_with("/exp_avg_sq") ||
+          var.name.ends_with("/velocity"))
+        runs[r].moment_bytes += var.elements * 4;
+  });
+  return runs;
+}
+
+// Replicated tensor sharding: each of two replicas keeps half of the moments, updates its half
+// of the weights from its block of the reduce-scattered gradients and all-gathers the rest; the
+// weights are bitwise those of plain data parallelism (with two replicas a block's reduction
+// is one addition either way, and the update is element by element).
+TEST(Compiler, ReplicatedTensorShardingHalvesTheMomentsAndTrainsTheSameWeights) {
+  for (auto kind : {models::OptimizerKind::adam, models::OptimizerKind::sgd_momentum}) {
+    const std::string what = models::optimizer_name(kind);
+    const auto plain = run_replicas(kind, false), sharded = run_replicas(kind, true);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(sharded[r].weights.size(), plain[r].weights.size());
+      for (const auto& [name, w] : plain[r].weights)
+        EXPECT_EQ(sharded[r].weights.at(name), w) << what << ", replica " << r << ": " << name;
+      EXPECT_GT(sharded[r].moment_bytes, 0u) << what;
+      EXPECT_LE(sharded[r].moment_bytes, plain[r].moment_bytes / 2 + 8) << what;
+    }
+    EXPECT_EQ(plain[0].weights, plain[1].weights) << what;
+    EXPECT_EQ(sharded[0].moment_bytes + sharded[1].moment_bytes, plain[0].moment_bytes) << what;
   }
 }
 

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -144,6 +145,36 @@ TEST_F(PodTrain, TwoReplicasLearnAndEndWithBitwiseIdenticalWeights) {
 // The main job in small: the HAE on real climate patches (Debian's netCDF fields), split over
 // two pipeline stages, Adam on the tiles; the test PSNR over the valid cells rises epoch over
 // epoch and the summary carries the compression ratio of the codes.
+// Replicated tensor sharding over MPI: the same weights as plain data parallelism, bitwise
+// (two replicas), with each IPU's optimizer state smaller by half of the moments.
+TEST_F(PodTrain, ReplicatedTensorShardingTrainsTheSameWeightsWithLessOptimizerState) {
+  std::map<bool, nlohmann::json> summaries;
+  std::map<bool, std::size_t> optimizer_state;  // bytes on the first IPU
+  for (bool sharding : {false, true}) {
+    const fs::path run_dir = dir() / (sharding ? "rts" : "no-rts");
+    const Result r = run(mpirun(3) + "train --model mlp --hidden 16 --data " + data().string() +
+                         " --replicas 2 --micro-batch 10 --gradient-accumulation 2 --epochs 1"
+                         " --optimizer adam --learning-rate 0.002 --arch tiny --topology m2000"
+                         " --run-dir " +
+                         run_dir.string() + (sharding ? " --replicated-tensor-sharding" : ""));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream in(run_dir / "summary.json"), mem(run_dir / "memory.json");
+    summaries[sharding] = nlohmann::json::parse(in);
+    const auto memory = nlohmann::json::parse(mem);
+    for (const auto& tile : memory[0].at("per_tile"))
+      optimizer_state[sharding] += tile.at("by_category").value("optimizer_state", 0u);
+  }
+  EXPECT_EQ(summaries[true].at("replica_weight_checksums"),
+            summaries[false].at("replica_weight_checksums"));
+  // Accumulators, Adam's two moments: 3 x 4 bytes per parameter, then 4 + 2 x 2.
+  const auto params = summaries[false].at("parameters").get<std::size_t>();
+  EXPECT_EQ(optimizer_state[false], 12 * params);
+  EXPECT_NEAR(static_cast<double>(optimizer_state[true]), 8.0 * static_cast<double>(params), 8.0);
+  expect_bad_input(run(mpirun(3) + "train --data " + data().string() +
+                       " --replicas 2 --optimizer lamb --replicated-tensor-sharding"),
+                   "--replicated-tensor-sharding does not support --optimizer lamb");
+}
+
 TEST_F(PodTrain, HaeOnClimatePatchesImprovesItsPsnrOverTwoStages) {
   const fs::path climate = dir() / "climate32.h5";
   const Result convert = run(std::string(IPUPOD_BINARY) + " data climate --out " +
@@ -263,7 +294,8 @@ TEST_F(PodTrain, UsageErrorsExitTwoAndHelpDescribesEveryOption) {
   for (const char* option :
        {"--model", "--data", "--replicas", "--stages", "--micro-batch", "--gradient-accumulation",
         "--device-iterations", "--epochs", "--arch", "--run-dir", "--config", "--recompute",
-        "--clip-norm", "lamb", "--precision", "--loss-scaling", "--stochastic-rounding"})
+        "--clip-norm", "lamb", "--precision", "--loss-scaling", "--stochastic-rounding",
+        "--replicated-tensor-sharding"})
     EXPECT_NE(help.output.find(option), std::string::npos) << option;
 }
 
