@@ -63,6 +63,14 @@ std::uint64_t vector_cycles(const ArchPreset& arch, std::size_t elements,
          static_cast<std::uint64_t>(vectors * instructions_per_vector) * arch.workers_per_tile;
 }
 
+std::uint64_t field_vector_cycles(const Vertex& vertex, const ArchPreset& arch, std::size_t field,
+                                  std::size_t instructions_per_vector) {
+  std::size_t elements = 0;
+  for (const auto& t : vertex.fields[field]) elements += t.elements();
+  const DType dtype = vertex.fields[field].empty() ? DType::f32 : vertex.fields[field][0].dtype();
+  return vector_cycles(arch, elements, instructions_per_vector, dtype);
+}
+
 std::uint64_t amp_cycles(const ArchPreset& arch, double flops, DType dtype) {
   // One worker gets 1/workers of the tile's issue slots, hence of its AMP rate.
   // A preset file without an FP16 figure computes float16 at the FP32 rate.

@@ -85,6 +85,9 @@ class CodeletRegistry {
 std::uint64_t vector_cycles(const ArchPreset& arch, std::size_t elements,
                             std::size_t instructions_per_vector, DType dtype = DType::f32);
 std::uint64_t amp_cycles(const ArchPreset& arch, double flops, DType dtype = DType::f32);
+// vector_cycles over the elements of every region of the vertex's field `field` (of its dtype).
+std::uint64_t field_vector_cycles(const Vertex& vertex, const ArchPreset& arch, std::size_t field,
+                                  std::size_t instructions_per_vector);
 
 // Each op library registers its codelets here (called once by CodeletRegistry::builtin).
 void register_elementwise_codelets(CodeletRegistry& registry);

@@ -20,12 +20,6 @@ constexpr std::size_t kAdamInstructions = 10, kMomentumInstructions = 4;
 // LAMB's first pass is Adam's plus the two squares it sums; its second recomputes the update.
 constexpr std::size_t kLambMomentsInstructions = 14, kLambUpdateInstructions = 10;
 
-std::uint64_t first_field_cycles(const Vertex& v, const ArchPreset& a, std::size_t instructions) {
-  std::size_t n = 0;
-  for (const auto& t : v.fields[0]) n += t.elements();
-  return vector_cycles(a, n, instructions);
-}
-
 // LAMB's update direction of element i: Adam's step without the rate, plus the weight decay.
 double lamb_direction(float m, float v, float p, double bc1, double bc2, double eps, double wd) {
   return (m / bc1) / (std::sqrt(v / bc2) + eps) + wd * p;
@@ -128,7 +122,7 @@ void register_optimizer_codelets(CodeletRegistry& r) {
              }
            c.region<float>(1)[0] = static_cast<float>(s);
          },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 2); },
+         [](const Vertex& v, const ArchPreset& a) { return field_vector_cycles(v, a, 0, 2); },
          {"out"}});
   r.add({"ClipFactor",
          "out = min(1, max_norm / (sqrt(sum of the squared norms) + 1e-6)) * scale, or scale "
@@ -176,7 +170,7 @@ void register_optimizer_codelets(CodeletRegistry& r) {
            out[1] = static_cast<float>(un);
          },
          [](const Vertex& v, const ArchPreset& a) {
-           return first_field_cycles(v, a, kLambMomentsInstructions);
+           return field_vector_cycles(v, a, 0, kLambMomentsInstructions);
          },
          {"out"}});
   r.add({"LambTrust",
@@ -214,7 +208,7 @@ void register_optimizer_codelets(CodeletRegistry& r) {
            }
          },
          [](const Vertex& v, const ArchPreset& a) {
-           return first_field_cycles(v, a, kLambUpdateInstructions);
+           return field_vector_cycles(v, a, 0, kLambUpdateInstructions);
          }});
   r.add({"SgdMomentumUpdate",
          "SGD with momentum in place; coefficients from OptimizerCoefficients; params: momentum, "

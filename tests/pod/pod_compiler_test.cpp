@@ -46,6 +46,28 @@ struct HostStreams {
   }
 };
 
+// Runs the reference's forward and backward passes over micro-batches [first, first + k) of
+// `host`, checks each loss against the device's, and returns each gradient's sum over them
+// (keyed by the gradient), added in micro-batch order as the device accumulates.
+std::map<models::ValueId, std::vector<float>> reference_gradient_sums(
+    models::Interpreter& reference, const models::Model& model, const HostStreams& host,
+    std::size_t first, std::size_t k) {
+  std::map<models::ValueId, std::vector<float>> sum;
+  for (std::size_t b = first; b < first + k; ++b) {
+    reference.set(model.input, host.xs[b]);
+    reference.set(model.labels, host.ys[b]);
+    reference.run({models::Phase::forward, models::Phase::backward});
+    EXPECT_NEAR(host.losses.at(b), reference.get(model.loss).f[0], 1e-5) << "micro-batch " << b;
+    for (auto [param, grad] : model.gradients) {
+      const auto& g = reference.get(grad).f;
+      auto& s = sum[grad];
+      s.resize(g.size());
+      for (std::size_t i = 0; i < g.size(); ++i) s[i] += g[i];
+    }
+  }
+  return sum;
+}
+
 TEST(Compiler, OneReplicaMatchesTheInterpreterStepForStep) {
   models::ModelOptions o;
   o.micro_batch = 6;
@@ -83,21 +105,9 @@ TEST(Compiler, OneReplicaMatchesTheInterpreterStepForStep) {
 
   // Reference: accumulate each step's gradients, then one SGD update with their mean.
   for (std::size_t step = 0; step < iterations; ++step) {
-    std::map<models::ValueId, std::vector<float>> sum;
-    for (std::size_t k = 0; k < accumulation; ++k) {
-      const std::size_t b = step * accumulation + k;
-      reference.set(model.input, xs[b]);
-      reference.set(model.labels, ys[b]);
-      reference.run({models::Phase::forward, models::Phase::backward});
-      EXPECT_NEAR(device_losses[b], reference.get(model.loss).f[0], 1e-5) << "micro-batch " << b;
-      for (auto [param, grad] : model.gradients) {
-        auto& s = sum[param];
-        const auto& g = reference.get(grad).f;
-        s.resize(g.size());
-        for (std::size_t i = 0; i < g.size(); ++i) s[i] += g[i];
-      }
-    }
-    for (auto& [param, s] : sum) {
+    auto sum = reference_gradient_sums(reference, model, host, step * accumulation, accumulation);
+    for (auto [param, grad] : model.gradients) {
+      const auto& s = sum.at(grad);
       models::Buffer p = reference.get(param);
       for (std::size_t i = 0; i < s.size(); ++i)
         p.f[i] -= static_cast<float>(o.learning_rate / accumulation) * s[i];
@@ -173,20 +183,7 @@ TEST_P(StatefulOptimizer, MatchesTheInterpreterStepForStep) {
   // Reference: the optimizer phase reads the mean of the step's gradients, summed in order and
   // scaled by 1/k in float as the device does.
   for (std::size_t step = 0; step < steps; ++step) {
-    std::map<models::ValueId, std::vector<float>> sum;
-    for (std::size_t m = 0; m < k; ++m) {
-      const std::size_t b = step * k + m;
-      reference.set(model.input, xs[b]);
-      reference.set(model.labels, ys[b]);
-      reference.run({models::Phase::forward, models::Phase::backward});
-      EXPECT_NEAR(losses[b], reference.get(model.loss).f[0], 1e-5) << "micro-batch " << b;
-      for (auto [param, grad] : model.gradients) {
-        const auto& g = reference.get(grad).f;
-        auto& s = sum[grad];
-        s.resize(g.size());
-        for (std::size_t i = 0; i < g.size(); ++i) s[i] += g[i];
-      }
-    }
+    auto sum = reference_gradient_sums(reference, model, host, step * k, k);
     for (auto& [grad, s] : sum) {
       models::Buffer mean = reference.get(grad);
       for (std::size_t i = 0; i < s.size(); ++i)
