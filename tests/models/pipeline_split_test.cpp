@@ -162,9 +162,11 @@ TEST(PipelineSplit, TheEvaluationModelFollowsTheTrainingSplit) {
   const Model eval = build_model("mlp", e);
   EXPECT_EQ(variable_stages(eval.graph), stages);
   for (const auto& op : eval.graph.ops())  // forward: values flow to the same or later stages
-    for (ValueId v : op.phase == Phase::forward ? op.inputs : std::vector<ValueId>{})
-      if (eval.graph.producer(v).kind != OpKind::constant)
+    for (ValueId v : op.phase == Phase::forward ? op.inputs : std::vector<ValueId>{}) {
+      if (eval.graph.producer(v).kind != OpKind::constant) {
         EXPECT_GE(op.pipeline_stage, eval.graph.producer(v).pipeline_stage) << op.name;
+      }
+    }
 }
 
 }  // namespace
