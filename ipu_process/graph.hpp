@@ -68,7 +68,7 @@ struct ViewRegion {
 // and Graph::tile_mapping accept views.
 class View {
  public:
-  View() = default;  // empty: shape {0}
+  View() = default;       // empty: shape {0}
   View(const Tensor& t);  // NOLINT(google-explicit-constructor): every tensor is a view
   // The given regions of one dtype read in order as `shape`; adjacent runs are merged.
   View(std::vector<ViewRegion> regions, std::vector<std::size_t> shape, DType dtype);
