@@ -555,7 +555,7 @@ class TileLayout {
         std::size_t node = leaves_ + k;
         latest_[node] = segments_[k].end + 1;
         for (node /= 2; node > 0; node /= 2)
-          latest_[node] = std::max(latest_at(2 * node), latest_at(2 * node + 1));
+          latest_[node] = std::max(latest_[2 * node], latest_[2 * node + 1]);
       }
     }
     return offset;
@@ -567,7 +567,6 @@ class TileLayout {
     std::size_t begin, end;
     std::uint32_t id;
   };
-  std::size_t latest_at(std::size_t node) const { return latest_[node]; }
   // Placed segments among the first `upto` (by first step) that end at or after `from`.
   template <class Visit>
   void collect(std::size_t node, std::size_t lo, std::size_t hi, std::size_t upto, std::size_t from,

@@ -140,9 +140,9 @@ struct CostTable {
     return parameter_sum[end] - parameter_sum[begin] +
            copies * (activation_sum[end] - activation_sum[begin]);
   }
-  SplitPlan plan(const std::vector<std::size_t>& starts, bool fits) const {
+  // The estimates of the split starting its stages at `starts`; it fits when every stage does.
+  SplitPlan plan(const std::vector<std::size_t>& starts) const {
     SplitPlan out;
-    out.fits = fits;
     out.stages.resize(stages);
     for (std::size_t s = 0; s < stages; ++s) {
       const std::size_t begin = starts[s], end = s + 1 < stages ? starts[s + 1] : size();
@@ -152,6 +152,7 @@ struct CostTable {
       e.last = g.ops()[units[end - 1]].name;
       e.cycles = cycles(begin, end);
       e.bytes = bytes(s, begin, end);
+      out.fits = out.fits && e.bytes <= c.memory_bytes;
     }
     return out;
   }
@@ -186,9 +187,8 @@ bool solve(const CostTable& t, bool bounded, std::vector<std::size_t>& starts) {
 SplitPlan split_pipeline(Graph& g, std::size_t stages, const SplitCosts& c) {
   const CostTable table(g, stages, c);
   std::vector<std::size_t> starts;
-  const bool fits = solve(table, true, starts);
-  if (!fits) solve(table, false, starts);
-  SplitPlan plan = table.plan(starts, fits);
+  if (!solve(table, true, starts)) solve(table, false, starts);  // none fits: the fastest
+  SplitPlan plan = table.plan(starts);
 
   // Compute ops on their unit's stage, inputs on stage 0, the rest on their first user's.
   const std::vector<Op>& ops = g.ops();
@@ -227,12 +227,7 @@ SplitPlan estimate_split(const Graph& g, std::size_t stages, const SplitCosts& c
   if (previous + 1 != static_cast<int>(stages))
     throw std::invalid_argument("estimate_split: the graph has " + std::to_string(previous + 1) +
                                 " stages, not " + std::to_string(stages));
-  bool fits = true;
-  const SplitPlan plan = table.plan(starts, true);
-  for (const auto& e : plan.stages) fits = fits && e.bytes <= c.memory_bytes;
-  SplitPlan out = plan;
-  out.fits = fits;
-  return out;
+  return table.plan(starts);
 }
 
 std::map<std::string, int> variable_stages(const Graph& g) {
