@@ -329,13 +329,19 @@ PipelineRun run_pipeline(const models::ModelOptions& options, std::size_t stages
   return run;
 }
 
-TEST(Compiler, PipelinedStagesTrainExactlyLikeOneIpu) {
+// The small MLP the pipeline tests split over 2 and 4 stages.
+models::ModelOptions pipeline_mlp(double learning_rate) {
   models::ModelOptions o;
   o.micro_batch = 4;
   o.sample_shape = {1, 3, 5};
   o.classes = 3;
   o.hidden = {11, 7, 6};
-  o.learning_rate = 0.1;
+  o.learning_rate = learning_rate;
+  return o;
+}
+
+TEST(Compiler, PipelinedStagesTrainExactlyLikeOneIpu) {
+  const models::ModelOptions o = pipeline_mlp(0.1);
   const std::size_t accumulation = 4, steps = 3;
   const PipelineRun one = run_pipeline(o, 1, {}, accumulation, steps);
   ASSERT_EQ(one.losses.size(), accumulation * steps);
@@ -376,12 +382,7 @@ TEST(Compiler, PipelinedStagesTrainExactlyLikeOneIpu) {
 // Clipping by the global norm spans the stages: each stage's squared norm reaches the others,
 // so a pipeline clips (and LAMB, Adam update) as one IPU does, up to the order of the sums.
 TEST(Compiler, PipelinedStagesClipByTheNormOfEveryStagesGradients) {
-  models::ModelOptions o;
-  o.micro_batch = 4;
-  o.sample_shape = {1, 3, 5};
-  o.classes = 3;
-  o.hidden = {11, 7, 6};
-  o.learning_rate = 0.01;
+  models::ModelOptions o = pipeline_mlp(0.01);
   const std::size_t accumulation = 4, steps = 3;
   o.optimizer.eps = 1e-3;  // clipping all gradients alike moves Adam's and LAMB's steps via eps
   for (auto kind : {models::OptimizerKind::lamb, models::OptimizerKind::sgd_momentum}) {
