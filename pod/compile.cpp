@@ -143,7 +143,8 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage) {
   const ipu::ArchPreset& arch = ipu::ArchPreset::get(c.train.arch);
   const auto start = std::chrono::steady_clock::now();
   models::ModelOptions options = model_options(c);
-  use_automatic_split(c.train, options, nullptr);
+  models::SplitPlan plan;
+  use_automatic_split(c.train, options, &plan);
   const models::Model model = models::build_model(c.train.model, options);
   options = model_options(c);
   options.training = false;
@@ -194,6 +195,7 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage) {
                 {"tile_intervals", intervals},
                 {"max_intervals_per_tile", *std::max_element(per_tile.begin(), per_tile.end())}};
   j["compile_seconds"] = {{"lower", lower_seconds}, {"engine", engine_seconds}};
+  if (!plan.stages.empty()) j["automatic_split"] = describe_split(plan);
   return j;
 }
 
@@ -205,6 +207,8 @@ void print_compile_report(const CompileConfig& c, const std::vector<nlohmann::js
       << " tiles x " << kib(arch.bytes_per_tile) << " = " << mib(arch.bytes_per_ipu())
       << " per IPU), micro-batch " << c.train.micro_batch << ", gradient accumulation "
       << c.train.gradient_accumulation << ", " << c.train.pipeline_schedule << " schedule\n";
+  if (!stages.empty() && stages.front().contains("automatic_split"))
+    out << stages.front().at("automatic_split").get<std::string>() << "\n";
   out << pad("stage", 7) << pad("layers", 44) << pad("params", 11)
       << pad("peak tile (of " + kib(arch.bytes_per_tile) + ")", 28) << pad("tiles over", 12)
       << pad("total (of " + mib(arch.bytes_per_ipu()) + ")", 24) << pad("fits", 6) << "compile s\n";
@@ -295,13 +299,6 @@ int run_compile(const CompileConfig& c, MPI_Comm world) {
   } catch (const UsageError& e) {
     if (rank == 0) std::cerr << "ipupod compile: " << e.what() << "\n";
     return 2;
-  }
-  if (rank == 0 && c.train.split == "auto" && c.train.stages > 1) {
-    models::ModelOptions options = model_options(c);
-    models::SplitPlan plan;
-    use_automatic_split(c.train, options, &plan);
-    models::build_model(c.train.model, options);
-    std::cout << "ipupod compile: " << describe_split(plan) << std::endl;
   }
   std::vector<std::size_t> stages;
   for (std::size_t s = 0; s < c.train.stages; ++s)
