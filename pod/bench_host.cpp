@@ -275,6 +275,8 @@ double plain_tcp_bytes_per_s(const HostBenchOptions& o, std::size_t bytes_per_cl
     senders.back().set_option(ip::tcp::no_delay(true));
   }
   const std::vector<std::byte> source(frame_bytes, std::byte{1});
+  // Each receiver's buffer, made before the timed pass (the streamed path reuses its buffers).
+  std::vector<std::vector<std::byte>> sinks(o.clients, std::vector<std::byte>(frame_bytes));
   double elapsed = 0;
   for (std::size_t pass = 0; pass <= o.warm_up_epochs; ++pass) {
     const auto start = Clock::now();
@@ -293,10 +295,9 @@ double plain_tcp_bytes_per_s(const HostBenchOptions& o, std::size_t bytes_per_cl
       });
       threads.emplace_back([&, c] {
         try {
-          std::vector<std::byte> sink(frame_bytes);
           for (std::size_t got = 0; got < bytes_per_client; got += frame_bytes) {
             const std::size_t n = std::min(frame_bytes, bytes_per_client - got);
-            boost::asio::read(receivers[c], boost::asio::buffer(sink.data(), n));
+            boost::asio::read(receivers[c], boost::asio::buffer(sinks[c].data(), n));
           }
         } catch (...) {
           failures[o.clients + c] = std::current_exception();
