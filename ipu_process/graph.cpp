@@ -370,6 +370,13 @@ bool View::has_repeats() const {
 
 Graph::Graph(const ArchPreset& arch) : arch_(arch) {}
 
+void Graph::set_available_memory_proportion(double proportion) {
+  if (!(proportion > 0 && proportion <= 1))
+    throw std::invalid_argument("available memory proportion must be in (0, 1], got " +
+                                std::to_string(proportion));
+  available_memory_proportion_ = proportion;
+}
+
 Tensor Graph::add_variable(DType dtype, std::vector<std::size_t> shape, std::string name,
                            MemoryCategory category) {
   Variable v;

@@ -140,12 +140,19 @@ struct ComputeSet {
   std::vector<Vertex> vertices;
 };
 
+// Poplar's default share of a tile's memory an op's plan may use (availableMemoryProportion).
+inline constexpr double kDefaultAvailableMemoryProportion = 0.6;
+
 class Graph {
  public:
   explicit Graph(const ArchPreset& arch);
 
   const ArchPreset& arch() const { return arch_; }
   unsigned tiles() const { return arch_.tiles; }
+  // The share of each tile's memory the op planners may plan one op's data for (Poplar's
+  // availableMemoryProportion); in (0, 1].
+  double available_memory_proportion() const { return available_memory_proportion_; }
+  void set_available_memory_proportion(double proportion);
 
   Tensor add_variable(DType dtype, std::vector<std::size_t> shape, std::string name,
                       MemoryCategory category = MemoryCategory::activation);
@@ -173,6 +180,7 @@ class Graph {
   std::string describe(const View& v) const;    // its regions, for messages
 
  private:
+  double available_memory_proportion_ = kDefaultAvailableMemoryProportion;
   const ArchPreset& arch_;
   std::vector<Variable> variables_;
   std::vector<ComputeSet> compute_sets_;

@@ -150,17 +150,18 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage) {
   options.training = false;
   follow_automatic_split(c.train, model, options);
   const models::Model eval_model = models::build_model(c.train.model, options);
-  CompiledModel compiled = compile_for_ipu(model, arch,
-                                           {.gradient_accumulation = c.train.gradient_accumulation,
-                                            .device_iterations = c.train.device_iterations,
-                                            .replicas = 1,
-                                            .stages = c.train.stages,
-                                            .stage = stage,
-                                            .grouped = c.train.pipeline_schedule == "grouped",
-                                            .recompute = c.train.recompute,
-
-                                            .float16 = c.train.precision == "fp16"},
-                                           &eval_model);
+  CompiledModel compiled =
+      compile_for_ipu(model, arch,
+                      {.gradient_accumulation = c.train.gradient_accumulation,
+                       .device_iterations = c.train.device_iterations,
+                       .replicas = 1,
+                       .stages = c.train.stages,
+                       .stage = stage,
+                       .grouped = c.train.pipeline_schedule == "grouped",
+                       .recompute = c.train.recompute,
+                       .float16 = c.train.precision == "fp16",
+                       .available_memory_proportion = c.train.available_memory_proportion},
+                      &eval_model);
   const double lower_seconds = seconds_since(start);
   const auto engine_start = std::chrono::steady_clock::now();
   // Out of memory allowed: the report of a stage that does not fit is the point.

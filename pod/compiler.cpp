@@ -777,6 +777,7 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
                                 " pipeline stages, the pod runs " + std::to_string(stages));
   CompiledModel out;
   out.graph = std::make_unique<ipu::Graph>(arch);
+  out.graph->set_available_memory_proportion(shape.available_memory_proportion);
   ipu::Graph& g = *out.graph;
   Lowering lowering(out, shape.float16);
   lowering.set_model(model, true);

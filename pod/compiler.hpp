@@ -41,6 +41,8 @@ struct StepShape {
   // all-reduced, each replica updates its block of the weights and all-gathers the rest.
   bool replicated_tensor_sharding = false;
   std::size_t replica = 0;  // this IPU's replica (which block it keeps)
+  // Share of each tile's memory the op planners may use for one op (Poplar's option).
+  double available_memory_proportion = ipu::kDefaultAvailableMemoryProportion;
 };
 
 struct CompiledModel {

@@ -19,6 +19,9 @@ void validate_pipeline(const TrainConfig& c) {
                      ": the grouped pipeline needs at least one micro-batch per stage in "
                      "flight; raise --gradient-accumulation to " +
                      std::to_string(c.stages) + " or more, or use --pipeline-schedule sequential");
+  if (!(c.available_memory_proportion > 0 && c.available_memory_proportion <= 1))
+    throw UsageError("--available-memory-proportion must be in (0, 1], got " +
+                     std::to_string(c.available_memory_proportion));
   if (c.split != "model" && c.split != "auto")
     throw UsageError("--split must be model (the model's split marks) or auto, got '" + c.split +
                      "'");
@@ -122,6 +125,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"replicas", c.replicas},
           {"stages", c.stages},
           {"recompute", c.recompute},
+          {"available_memory_proportion", c.available_memory_proportion},
           {"split", c.split},
           {"micro_batch", c.micro_batch},
           {"gradient_accumulation", c.gradient_accumulation},

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "ipu_process/graph.hpp"
+
 namespace ipupod::pod {
 
 // Bad usage or bad input: the command exits with code 2 and this message.
@@ -29,6 +31,8 @@ struct TrainConfig {
   std::size_t stages = 1;
   std::string pipeline_schedule = "grouped";  // or "sequential" (sharded, for debugging)
   bool recompute = false;  // grouped pipeline: re-run forward ops instead of stashing activations
+  // Share of each tile's memory one op's plan may use (Poplar's availableMemoryProportion).
+  double available_memory_proportion = ipu::kDefaultAvailableMemoryProportion;
   std::string split = "model";  // stages from the model's split marks, or "auto" (balanced)
   std::size_t micro_batch = 16;
   std::size_t gradient_accumulation = 1;

@@ -126,7 +126,8 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
                        .recompute = config.recompute,
                        .float16 = config.precision == "fp16",
                        .replicated_tensor_sharding = config.replicated_tensor_sharding,
-                       .replica = static_cast<std::size_t>(replica)},
+                       .replica = static_cast<std::size_t>(replica),
+                       .available_memory_proportion = config.available_memory_proportion},
                       &eval_model);
   ipu::Engine engine(*compiled.graph, compiled.programs,
                      {.allow_out_of_memory = config.allow_out_of_memory,

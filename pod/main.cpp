@@ -44,6 +44,10 @@ CLI::Option* add_model_options(CLI::App& app, TrainConfig& c) {
                  "Pipeline split: model (the model's own split marks) or auto (contiguous stages "
                  "balancing estimated cycles under each IPU's memory)")
       ->capture_default_str();
+  app.add_option("--available-memory-proportion", c.available_memory_proportion,
+                 "Share of each tile's memory the planners may give one matmul, convolution or "
+                 "pooling (Poplar's availableMemoryProportion): lower trades speed for memory")
+      ->capture_default_str();
   app.add_flag("--recompute", c.recompute,
                "Grouped pipeline: stash only what a stage's forward pass cannot make again and "
                "re-run its forward ops before the backward pass (less memory, more compute)");

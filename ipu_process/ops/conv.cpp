@@ -616,9 +616,9 @@ struct Estimate {
 // whose busiest tile stays within the available memory proportion (or, if none does, the
 // smallest, which the engine will then report as out of memory).
 template <class F>
-ConvPlan search_plan(const ArchPreset& arch, std::size_t batch, std::size_t channels,
-                     std::size_t rows, F&& estimate) {
-  const double budget = kAvailableMemoryProportion * static_cast<double>(arch.bytes_per_tile);
+ConvPlan search_plan(const ArchPreset& arch, double proportion, std::size_t batch,
+                     std::size_t channels, std::size_t rows, F&& estimate) {
+  const double budget = proportion * static_cast<double>(arch.bytes_per_tile);
   ConvPlan best;
   double best_cycles = std::numeric_limits<double>::infinity();
   double best_bytes = std::numeric_limits<double>::infinity();
@@ -668,35 +668,38 @@ double compute_cycles(const ArchPreset& arch, double macs) {
          2.0 * macs / arch.fp32_flops_per_cycle_per_tile;
 }
 
-ConvPlan plan_forward(const ArchPreset& arch, const Dims& d) {
-  return search_plan(arch, d.n, d.co, d.oh, [&](double bn, std::size_t bc, std::size_t br, auto) {
-    const double hr = static_cast<double>(
-        std::min(d.h, (br - 1) * d.p.stride_h + (d.kh - 1) * d.p.dilation_h + 1));
-    const double in = 4.0 * bn * static_cast<double>(d.input_channels_bound(bc)) * hr * d.w;
-    const double wt = 4.0 * static_cast<double>(bc * d.cig * d.taps);
-    const double out = 4.0 * bn * static_cast<double>(bc * br * d.ow);
-    const double macs = bn * static_cast<double>(bc * br * d.ow * d.cig * d.taps);
-    return Estimate{in + wt + out, compute_cycles(arch, macs) + exchange_cycles(arch, in + wt)};
-  });
+ConvPlan plan_forward(const ArchPreset& arch, double proportion, const Dims& d) {
+  return search_plan(
+      arch, proportion, d.n, d.co, d.oh, [&](double bn, std::size_t bc, std::size_t br, auto) {
+        const double hr = static_cast<double>(
+            std::min(d.h, (br - 1) * d.p.stride_h + (d.kh - 1) * d.p.dilation_h + 1));
+        const double in = 4.0 * bn * static_cast<double>(d.input_channels_bound(bc)) * hr * d.w;
+        const double wt = 4.0 * static_cast<double>(bc * d.cig * d.taps);
+        const double out = 4.0 * bn * static_cast<double>(bc * br * d.ow);
+        const double macs = bn * static_cast<double>(bc * br * d.ow * d.cig * d.taps);
+        return Estimate{in + wt + out, compute_cycles(arch, macs) + exchange_cycles(arch, in + wt)};
+      });
 }
 
-ConvPlan plan_grad_input(const ArchPreset& arch, const Dims& d) {
-  return search_plan(arch, d.n, d.ci, d.h, [&](double bn, std::size_t bc, std::size_t br, auto) {
-    const double oyr =
-        static_cast<double>(std::min(d.oh, (br + (d.kh - 1) * d.p.dilation_h) / d.p.stride_h + 1));
-    const double in = 4.0 * bn * static_cast<double>(d.output_channels_bound(bc)) * oyr * d.ow;
-    const double wt = 4.0 * static_cast<double>(bc * d.cog * d.taps);
-    const double out = 4.0 * bn * static_cast<double>(bc * br * d.w);
-    const double macs = bn * static_cast<double>(bc * br * d.w * d.cog * d.taps) /
-                        static_cast<double>(d.p.stride_h * d.p.stride_w);
-    return Estimate{in + wt + out, compute_cycles(arch, macs) + exchange_cycles(arch, in + wt)};
-  });
+ConvPlan plan_grad_input(const ArchPreset& arch, double proportion, const Dims& d) {
+  return search_plan(
+      arch, proportion, d.n, d.ci, d.h, [&](double bn, std::size_t bc, std::size_t br, auto) {
+        const double oyr = static_cast<double>(
+            std::min(d.oh, (br + (d.kh - 1) * d.p.dilation_h) / d.p.stride_h + 1));
+        const double in = 4.0 * bn * static_cast<double>(d.output_channels_bound(bc)) * oyr * d.ow;
+        const double wt = 4.0 * static_cast<double>(bc * d.cog * d.taps);
+        const double out = 4.0 * bn * static_cast<double>(bc * br * d.w);
+        const double macs = bn * static_cast<double>(bc * br * d.w * d.cog * d.taps) /
+                            static_cast<double>(d.p.stride_h * d.p.stride_w);
+        return Estimate{in + wt + out, compute_cycles(arch, macs) + exchange_cycles(arch, in + wt)};
+      });
 }
 
 // Blocks over output channels; batch and output rows are the reduction, split into parts.
-ConvPlan plan_grad_weight(const ArchPreset& arch, const Dims& d) {
+ConvPlan plan_grad_weight(const ArchPreset& arch, double proportion, const Dims& d) {
   return search_plan(
-      arch, d.n, d.co, d.oh, [&](double bn, std::size_t bc, std::size_t br, std::size_t parts) {
+      arch, proportion, d.n, d.co, d.oh,
+      [&](double bn, std::size_t bc, std::size_t br, std::size_t parts) {
         const double hr = static_cast<double>(
             std::min(d.h, (br - 1) * d.p.stride_h + (d.kh - 1) * d.p.dilation_h + 1));
         const double in = 4.0 * bn * static_cast<double>(d.input_channels_bound(bc)) * hr * d.w;
@@ -800,8 +803,9 @@ std::vector<std::size_t> conv_transpose2d_output_shape(const std::vector<std::si
 }
 
 ConvPlan plan_conv2d(const ArchPreset& arch, const std::vector<std::size_t>& x_shape,
-                     const std::vector<std::size_t>& w_shape, const ConvParams& params) {
-  return plan_forward(arch, make_dims(x_shape, w_shape, params, "conv2d"));
+                     const std::vector<std::size_t>& w_shape, const ConvParams& params,
+                     double proportion) {
+  return plan_forward(arch, proportion, make_dims(x_shape, w_shape, params, "conv2d"));
 }
 
 Tensor conv2d(Graph& graph, Program& prog, const Tensor& x, const Tensor& w,
@@ -810,7 +814,7 @@ Tensor conv2d(Graph& graph, Program& prog, const Tensor& x, const Tensor& w,
   expect_f32(w, name, "weight");
   expect_same_type(x, w, name);
   const Dims d = make_dims(x.shape(), w.shape(), params, name);
-  const ConvPlan plan = plan_forward(graph.arch(), d);
+  const ConvPlan plan = plan_forward(graph.arch(), graph.available_memory_proportion(), d);
   const unsigned first = first_tile(graph, name);
   const auto tile_of = [&](std::size_t bb, std::size_t cb, std::size_t rb) {
     return static_cast<unsigned>((first + (bb * plan.channel_blocks + cb) * plan.row_blocks + rb) %
@@ -879,7 +883,7 @@ namespace {
 Tensor grad_input(Graph& graph, Program& prog, const Tensor& dy, const Tensor& w, const Dims& d,
                   const std::string& name) {
   const std::vector<std::size_t> input_shape = {d.n, d.ci, d.h, d.w};
-  const ConvPlan plan = plan_grad_input(graph.arch(), d);
+  const ConvPlan plan = plan_grad_input(graph.arch(), graph.available_memory_proportion(), d);
   const unsigned first = first_tile(graph, name);
   const auto tile_of = [&](std::size_t bb, std::size_t cb, std::size_t rb) {
     return static_cast<unsigned>((first + (bb * plan.channel_blocks + cb) * plan.row_blocks + rb) %
@@ -994,7 +998,7 @@ Tensor conv2d_grad_weight(Graph& graph, Program& prog, const Tensor& dy, const T
   expect(dy.shape() == dy_shape, name,
          "output gradient must be " + shape_str(dy_shape) + " for input " + shape_str(x.shape()) +
              " and weight " + shape_str(weight_shape) + ", got " + shape_str(dy.shape()));
-  const ConvPlan plan = plan_grad_weight(graph.arch(), d);
+  const ConvPlan plan = plan_grad_weight(graph.arch(), graph.available_memory_proportion(), d);
   const std::size_t parts = plan.batch_blocks * plan.row_blocks;
   const unsigned first = first_tile(graph, name);
   // Tile of output-channel block cb and reduction part p (batch block x row block).

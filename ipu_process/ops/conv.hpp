@@ -72,6 +72,7 @@ void for_each_work_split(
 
 // The plans the ops above use, for reports and tests.
 ConvPlan plan_conv2d(const ArchPreset& arch, const std::vector<std::size_t>& x_shape,
-                     const std::vector<std::size_t>& w_shape, const ConvParams& params);
+                     const std::vector<std::size_t>& w_shape, const ConvParams& params,
+                     double proportion = kDefaultAvailableMemoryProportion);
 
 }  // namespace ipupod::ipu::ops

@@ -362,12 +362,13 @@ void copy_block(std::vector<std::pair<Tensor, Tensor>>& copies, const Tensor& sr
 
 }  // namespace
 
-MatMulPlan plan_matmul(const ArchPreset& arch, std::size_t m, std::size_t k, std::size_t n) {
+MatMulPlan plan_matmul(const ArchPreset& arch, std::size_t m, std::size_t k, std::size_t n,
+                       double available_memory_proportion) {
   if (m == 0 || k == 0 || n == 0)
     throw std::invalid_argument(
         "plan_matmul: every dimension must be positive, got m=" + std::to_string(m) +
         " k=" + std::to_string(k) + " n=" + std::to_string(n));
-  const double budget = kAvailableMemoryProportion * static_cast<double>(arch.bytes_per_tile);
+  const double budget = available_memory_proportion * static_cast<double>(arch.bytes_per_tile);
   MatMulPlan best;
   PlanCost best_cost{std::numeric_limits<double>::infinity(),
                      std::numeric_limits<double>::infinity()};
@@ -427,7 +428,7 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
     throw std::invalid_argument(name + ": matmul of an empty operand: op(a) is [" +
                                 std::to_string(m) + "," + std::to_string(k) + "], op(b) is [" +
                                 std::to_string(kb) + "," + std::to_string(n) + "]");
-  const MatMulPlan plan = plan_matmul(graph.arch(), m, k, n);
+  const MatMulPlan plan = plan_matmul(graph.arch(), m, k, n, graph.available_memory_proportion());
   const std::size_t bm = ceil_div(m, plan.row_blocks), bn = ceil_div(n, plan.col_blocks);
   const std::size_t bk = ceil_div(k, plan.k_splits);
   const bool split = plan.k_splits > 1;

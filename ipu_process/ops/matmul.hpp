@@ -15,10 +15,6 @@
 
 namespace ipupod::ipu::ops {
 
-// Share of a tile the planner may fill with one matmul's operands and result (PopTorch's
-// setAvailableMemoryProportion default).
-inline constexpr double kAvailableMemoryProportion = 0.6;
-
 struct MatMulPlan {
   std::size_t row_blocks = 1, col_blocks = 1;  // output split into row_blocks x col_blocks blocks
   std::size_t k_splits = 1;  // inner dimension split: each block's partial sums on k_splits tiles
@@ -28,8 +24,9 @@ struct MatMulPlan {
 };
 
 // The plan of least estimated cycles among those whose busiest tile holds at most
-// kAvailableMemoryProportion of its memory; if none fits, the plan of fewest bytes per tile.
-MatMulPlan plan_matmul(const ArchPreset& arch, std::size_t m, std::size_t k, std::size_t n);
+// available_memory_proportion of its memory; if none fits, the plan of fewest bytes per tile.
+MatMulPlan plan_matmul(const ArchPreset& arch, std::size_t m, std::size_t k, std::size_t n,
+                       double available_memory_proportion = kDefaultAvailableMemoryProportion);
 
 // op(a) [m, k] x op(b) [k, n] -> [m, n] of the operands' type (two float32 or two float16:
 // then the AMP's float16 rate, and each sum is rounded to float16 once, at the end); op

@@ -263,7 +263,8 @@ Tensor lower(Graph& graph, Program& prog, const std::string& name, const char* c
   const std::size_t planes = out_shape[0] * out_shape[1], rows = out_shape[2], width = out_shape[3];
   for (auto& in : inputs) in.t = in.t.reshape({planes, in.t.dim(2), in.t.dim(3)});
   // Plan: the fastest plane x row blocking whose busiest tile fits the memory proportion.
-  const double budget = kAvailableMemoryProportion * static_cast<double>(arch.bytes_per_tile);
+  const double budget =
+      graph.available_memory_proportion() * static_cast<double>(arch.bytes_per_tile);
   std::size_t best_pb = planes, best_rb = rows;
   double best_cycles = std::numeric_limits<double>::infinity(), best_bytes = best_cycles;
   for (std::size_t k = 1; k <= planes; ++k) {

@@ -282,6 +282,8 @@ TEST_F(PodTrain, UsageErrorsExitTwoAndHelpDescribesEveryOption) {
   expect_bad_input(run(std::string(IPUPOD_BINARY) + " train --replicas 2"), "--data is required");
   const std::string train = std::string(IPUPOD_BINARY) + " train --data " + data().string();
   expect_bad_input(run(train + " --recompute"), "needs --stages 2 or more");
+  expect_bad_input(run(train + " --available-memory-proportion 0"),
+                   "--available-memory-proportion must be in (0, 1]");
   expect_bad_input(run(train + " --config " + (dir() / "absent.json").string()), "cannot read");
   const fs::path config = dir() / "typo.json";
   std::ofstream(config) << R"({"micro_batch": 4, "replica": 2})";
@@ -295,7 +297,7 @@ TEST_F(PodTrain, UsageErrorsExitTwoAndHelpDescribesEveryOption) {
        {"--model", "--data", "--replicas", "--stages", "--micro-batch", "--gradient-accumulation",
         "--device-iterations", "--epochs", "--arch", "--run-dir", "--config", "--recompute",
         "--clip-norm", "lamb", "--precision", "--loss-scaling", "--stochastic-rounding",
-        "--replicated-tensor-sharding"})
+        "--replicated-tensor-sharding", "--available-memory-proportion"})
     EXPECT_NE(help.output.find(option), std::string::npos) << option;
 }
 
