@@ -496,100 +496,82 @@ struct Placement {
   const LiveRange* range;
 };
 
-// Per tile: places variables one by one at the lowest offset not used by any placed variable
-// whose live range meets theirs. Every segment of the tile is known up front: sorted by first
-// step, under a tree of the latest last step of the placed ones, so finding the placed
-// segments that meet a range costs about the number found, not the number placed.
+// Per tile: places variables one by one, in the order they come to life, at the lowest offset
+// not used by any placed variable whose live range meets theirs. The placed variables still
+// alive are kept sorted by offset; a search walks them upwards from the floor and stops at the
+// first gap that fits, so it costs about the number of variables below the answer, and a
+// variable whose last step has passed leaves for good (no later one can meet it).
 class TileLayout {
  public:
-  TileLayout(std::size_t floor, const std::vector<const LiveRange*>& ranges) : floor_(floor) {
-    for (std::uint32_t id = 0; id < ranges.size(); ++id)
-      if (!ranges[id]->whole_run)
-        for (const auto& [begin, end] : ranges[id]->segments) segments_.push_back({begin, end, id});
-    std::sort(segments_.begin(), segments_.end(),
-              [](const Segment& a, const Segment& b) { return a.begin < b.begin; });
-    slot_of_.resize(ranges.size());
-    for (std::uint32_t k = 0; k < segments_.size(); ++k) slot_of_[segments_[k].id].push_back(k);
-    leaves_ = 1;
-    while (leaves_ < segments_.size()) leaves_ *= 2;
-    latest_.assign(2 * leaves_, kNone);
-    seen_.assign(ranges.size(), 0);
-    offsets_.resize(ranges.size());
-    bytes_.resize(ranges.size());
-  }
+  explicit TileLayout(std::size_t floor) : floor_(floor) {}
 
-  // Places variable `id` (its live range as given to the constructor) of `bytes` bytes.
-  std::size_t place(std::uint32_t id, const LiveRange& range, std::size_t bytes) {
-    ++stamp_;
-    taken_.clear();
-    const auto consider = [&](std::uint32_t other) {
-      if (seen_[other] == stamp_) return;
-      seen_[other] = stamp_;
-      taken_.emplace_back(offsets_[other], offsets_[other] + bytes_[other]);
-    };
-    for (std::uint32_t other : forever_) consider(other);
-    if (range.whole_run) {
-      for (std::uint32_t other : placed_) consider(other);
-    } else {
-      for (const auto& [begin, end] : range.segments) {
-        const auto upto = static_cast<std::size_t>(
-            std::upper_bound(segments_.begin(), segments_.end(), end,
-                             [](std::size_t e, const Segment& s) { return e < s.begin; }) -
-            segments_.begin());
-        collect(1, 0, leaves_, upto, begin, consider);
-      }
-    }
-    std::sort(taken_.begin(), taken_.end());
+  // Places a variable of `bytes` bytes with live range `range` (which must outlive the layout).
+  // Variables live for the whole run come first, then by first step.
+  std::size_t place(const LiveRange& range, std::size_t bytes) {
+    if (!range.whole_run) retire_before(range.first);
     std::size_t offset = floor_;
-    for (const auto& [begin, end] : taken_) {
-      if (begin >= offset + bytes) break;
-      offset = std::max(offset, align_up(end));
+    for (const Entry& e : alive_) {
+      if (e.begin >= offset + bytes) break;
+      if (e.end <= offset || e.range == nullptr || !meet(range, *e.range)) continue;
+      offset = align_up(e.end);
     }
-    offsets_[id] = offset;
-    bytes_[id] = bytes;
-    placed_.push_back(id);
-    if (range.whole_run) {
-      forever_.push_back(id);
-    } else {
-      for (std::uint32_t k : slot_of_[id]) {
-        std::size_t node = leaves_ + k;
-        latest_[node] = segments_[k].end + 1;
-        for (node /= 2; node > 0; node /= 2)
-          latest_[node] = std::max(latest_[2 * node], latest_[2 * node + 1]);
-      }
-    }
+    const Entry entry{offset, offset + bytes, &range};
+    alive_.insert(
+        std::upper_bound(alive_.begin(), alive_.end(), entry,
+                         [](const Entry& x, const Entry& y) { return x.begin < y.begin; }),
+        entry);
+    if (!range.whole_run) leaving_.push({range.last, offset, &range});
     return offset;
   }
 
  private:
-  static constexpr std::size_t kNone = 0;  // stored as last step + 1: 0 means none placed
-  struct Segment {
+  struct Entry {
     std::size_t begin, end;
-    std::uint32_t id;
+    const LiveRange* range;  // null once retired
   };
-  // Placed segments among the first `upto` (by first step) that end at or after `from`.
-  template <class Visit>
-  void collect(std::size_t node, std::size_t lo, std::size_t hi, std::size_t upto, std::size_t from,
-               Visit& visit) const {
-    if (lo >= upto || latest_[node] == kNone || latest_[node] - 1 < from) return;
-    if (hi - lo == 1) {
-      visit(segments_[lo].id);
-      return;
+  struct Leaving {
+    std::size_t last, begin;
+    const LiveRange* range;
+    bool operator>(const Leaving& o) const { return last > o.last; }
+  };
+
+  static bool meet(const LiveRange& a, const LiveRange& b) {
+    if (a.whole_run || b.whole_run) return true;
+    if (a.last < b.first || b.last < a.first) return false;
+    auto i = a.segments.begin(), j = b.segments.begin();
+    while (i != a.segments.end() && j != b.segments.end()) {
+      if (i->second < j->first) {
+        ++i;
+      } else if (j->second < i->first) {
+        ++j;
+      } else {
+        return true;
+      }
     }
-    const std::size_t mid = (lo + hi) / 2;
-    collect(2 * node, lo, mid, upto, from, visit);
-    collect(2 * node + 1, mid, hi, upto, from, visit);
+    return false;
+  }
+
+  // Drops the variables whose last step is before `step`; compacts once half are dropped.
+  void retire_before(std::size_t step) {
+    while (!leaving_.empty() && leaving_.top().last < step) {
+      const Leaving& l = leaving_.top();
+      auto it = std::lower_bound(alive_.begin(), alive_.end(), l.begin,
+                                 [](const Entry& e, std::size_t b) { return e.begin < b; });
+      while (it->range != l.range) ++it;
+      it->range = nullptr;
+      ++retired_;
+      leaving_.pop();
+    }
+    if (2 * retired_ > alive_.size()) {
+      std::erase_if(alive_, [](const Entry& e) { return e.range == nullptr; });
+      retired_ = 0;
+    }
   }
 
   std::size_t floor_;
-  std::vector<Segment> segments_;
-  std::vector<std::vector<std::uint32_t>> slot_of_;  // per variable: its segments' places
-  std::size_t leaves_ = 1;
-  std::vector<std::size_t> latest_;  // per tree node: latest end + 1 of its placed segments
-  std::vector<std::uint32_t> placed_, forever_, seen_;
-  std::vector<std::size_t> offsets_, bytes_;
-  std::uint32_t stamp_ = 0;
-  std::vector<std::pair<std::size_t, std::size_t>> taken_;
+  std::vector<Entry> alive_;  // by offset
+  std::priority_queue<Leaving, std::vector<Leaving>, std::greater<>> leaving_;
+  std::size_t retired_ = 0;
 };
 
 }  // namespace
@@ -661,16 +643,14 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
       const std::size_t ba = born(a), bb = born(b);
       return ba != bb ? ba < bb : a->bytes > b->bytes;
     });
-    std::vector<const LiveRange*> rest_ranges;
-    for (const Item* it : rest) rest_ranges.push_back(&ranges[it->var]);
-    TileLayout layout(floor, rest_ranges);
+    TileLayout layout(floor);
     std::vector<Placement> placed;
     placed.reserve(rest.size());
     std::size_t high = floor;
     for (std::uint32_t k = 0; k < rest.size(); ++k) {
       const Item* it = rest[k];
       const LiveRange& range = ranges[it->var];
-      const std::size_t offset = layout.place(k, range, align_up(it->bytes));
+      const std::size_t offset = layout.place(range, align_up(it->bytes));
       interval_offsets_[it->var][it->interval] = offset;
       placed.push_back({offset, it->bytes, &range});
       high = std::max(high, offset + it->bytes);
