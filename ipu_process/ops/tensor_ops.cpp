@@ -525,7 +525,10 @@ void add_map_affine(Graph& graph, ComputeSetId cs, std::vector<std::pair<Tensor,
     std::vector<std::pair<Index, Index>> ranges;
   };
   std::vector<Piece> pieces;
-  std::map<std::pair<unsigned, std::size_t>, std::pair<Index, Index>> spans;
+  // Per tile and operand: the ranges its pieces read, merged where they overlap or touch. Each
+  // span is read in place when the operand holds it on the tile, else copied there: a tile
+  // holding several separate stretches of an operand copies none of them.
+  std::map<std::pair<unsigned, std::size_t>, std::vector<std::pair<Index, Index>>> spans;
   for_each_worker_piece(graph, out, kMinElementsPerWorker,
                         [&](unsigned tile, std::size_t b, std::size_t e) {
                           Piece piece{tile, b, e, {}};
@@ -533,17 +536,34 @@ void add_map_affine(Graph& graph, ComputeSetId cs, std::vector<std::pair<Tensor,
                             const auto r = touched(shape, ins[i], b, e, window);
                             if (!r) return;
                             piece.ranges.push_back(*r);
-                            auto [it, fresh] = spans.try_emplace({tile, i}, *r);
-                            if (!fresh)
-                              it->second = {std::min(it->second.first, r->first),
-                                            std::max(it->second.second, r->second)};
+                            spans[{tile, i}].push_back(*r);
                           }
                           pieces.push_back(std::move(piece));
                         });
-  std::map<std::pair<unsigned, std::size_t>, Tensor> local;
-  for (const auto& [key, span] : spans)
-    local.emplace(key, on_tile(graph, ins[key.second].t, span.first, span.second, key.first, copies,
-                               name + "/in" + std::to_string(key.second)));
+  std::map<std::pair<unsigned, std::size_t>, std::vector<Tensor>> local;
+  for (auto& [key, ranges] : spans) {
+    std::sort(ranges.begin(), ranges.end());
+    std::vector<std::pair<Index, Index>> merged;
+    for (const auto& r : ranges)
+      if (!merged.empty() && r.first <= merged.back().second + 1)
+        merged.back().second = std::max(merged.back().second, r.second);
+      else
+        merged.push_back(r);
+    ranges = std::move(merged);
+    auto& tensors = local[key];
+    for (const auto& [lo, hi] : ranges)
+      tensors.push_back(on_tile(graph, ins[key.second].t, lo, hi, key.first, copies,
+                                name + "/in" + std::to_string(key.second)));
+  }
+  // The span of (tile, operand) holding range r, and its tensor.
+  const auto span_of = [&](unsigned tile, std::size_t i, const std::pair<Index, Index>& r) {
+    const auto& ranges = spans.at({tile, i});
+    const auto k = static_cast<std::size_t>(
+        std::upper_bound(ranges.begin(), ranges.end(), r.first,
+                         [](Index x, const std::pair<Index, Index>& s) { return x < s.first; }) -
+        ranges.begin() - 1);
+    return std::pair{ranges[k].first, local.at({tile, i})[k]};
+  };
   const Tensor flat_out = out.flatten();
   for (const auto& piece : pieces) {
     Vertex v{ins.size() == 1 ? "MapAffine" : "MapAffineBinary", piece.tile, {}, {}};
@@ -557,8 +577,9 @@ void add_map_affine(Graph& graph, ComputeSetId cs, std::vector<std::pair<Tensor,
                 static_cast<double>(window.end)};
     for (std::size_t d : shape) v.params.push_back(static_cast<double>(d));
     for (std::size_t i = 0; i < ins.size(); ++i) {
-      v.fields.push_back({local.at({piece.tile, i})});
-      v.params.push_back(static_cast<double>(ins[i].offset - spans.at({piece.tile, i}).first));
+      const auto [first, tensor] = span_of(piece.tile, i, piece.ranges[i]);
+      v.fields.push_back({tensor});
+      v.params.push_back(static_cast<double>(ins[i].offset - first));
       for (Index s : ins[i].strides) v.params.push_back(static_cast<double>(s));
     }
     v.fields.push_back({flat_out.slice(piece.b, piece.e)});
