@@ -391,9 +391,10 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
     std::cerr << "ipupod train: " << startup.message << "\n";
     return startup.status;
   }
-  if (startup.resume) {
-    // The IPUs check the checkpoint's tensors against their compiled model; IPU 0 (rank 1)
-    // says what does not fit.
+  {
+    // The IPUs compile, then (resuming) check the checkpoint's tensors against their compiled
+    // model; IPU 0 (rank 1) says what does not fit. The stream timeouts start after this: a
+    // compile of minutes is no stall. A rank that dies meanwhile ends the job through MPI.
     int status = 0, verdict = 0;
     MPI_Allreduce(&status, &verdict, 1, MPI_INT, MPI_MAX, world);
     if (verdict != 0) {

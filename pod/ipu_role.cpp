@@ -163,21 +163,25 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
             receive_text(static_cast<int>(s), kStageManifestTag, pipeline_comm));
   }
 
-  // Resuming: the host has read the checkpoint; the first IPU of each replica checks it holds
-  // exactly the tensors its pipeline checkpoints, and IPU 0 tells the host what does not fit.
-  if (startup.resume) {
-    std::map<std::string, std::vector<std::size_t>> expected;
-    for (const auto& [name, tensor] : compiled.checkpointed) expected[name] = tensor.shape();
-    for (const auto& later : stage_tensors)
-      for (const auto& t : later) expected[t[0]] = t[1].get<std::vector<std::size_t>>();
+  // Every IPU has compiled (minutes for a large model) before the host starts timing its
+  // streams: the host waits here with them. Resuming, the host has read the checkpoint; the
+  // first IPU of each replica checks it holds exactly the tensors its pipeline checkpoints,
+  // and IPU 0 tells the host what does not fit.
+  {
     int status = 0, verdict = 0;
     std::string message;
-    try {
-      if (stage == 0)
-        host::check_compatible(startup.resume_shapes, startup.resume_host_step, expected);
-    } catch (const host::CheckpointError& e) {
-      status = 2;
-      message = e.what();
+    if (startup.resume) {
+      std::map<std::string, std::vector<std::size_t>> expected;
+      for (const auto& [name, tensor] : compiled.checkpointed) expected[name] = tensor.shape();
+      for (const auto& later : stage_tensors)
+        for (const auto& t : later) expected[t[0]] = t[1].get<std::vector<std::size_t>>();
+      try {
+        if (stage == 0)
+          host::check_compatible(startup.resume_shapes, startup.resume_host_step, expected);
+      } catch (const host::CheckpointError& e) {
+        status = 2;
+        message = e.what();
+      }
     }
     MPI_Allreduce(&status, &verdict, 1, MPI_INT, MPI_MAX, world);
     if (verdict != 0) {
