@@ -450,12 +450,9 @@ class Lowering {
                                   "' has no counterpart in the training model");
     ipu::Graph& g = *out_.graph;
     ipu::Tensor t = g.add_variable(value_dtype(*op.output), info.shape, name, category);
-    if (category == ipu::MemoryCategory::stream) {
-      const std::size_t sample = info.shape.empty() ? 1 : info.elements() / info.shape[0];
-      g.map_linearly(t, sample);
-    } else {
-      g.map_linearly(t);
-    }
+    // Host inputs too are spread over every tile, not a sample per tile: a micro-batch of one
+    // 224x224 image would otherwise sit on one tile (with each of its stash copies).
+    g.map_linearly(t);
     shared_.emplace(name, t);
     return t;
   }
