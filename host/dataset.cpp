@@ -39,6 +39,12 @@ std::string supported_dtypes() {
   return "float32, float16, int32, uint32, uint8";
 }
 
+// The advice preload() gives: read the pages in and map them (Linux 5.14), else start the reads.
+#ifdef MADV_POPULATE_READ
+constexpr int kPreloadAdvice = MADV_POPULATE_READ;
+#else
+constexpr int kPreloadAdvice = MADV_WILLNEED;
+#endif
 // Rows per HDF5 read on the fallback path (bounds the staging buffer).
 constexpr std::size_t kMaxStagingBytes = 4 * 1024 * 1024;
 struct ArrayIn {
@@ -54,6 +60,7 @@ struct SplitIn {
   ArrayIn inputs;
   ArrayIn targets;
   std::size_t samples = 0;
+  bool preloaded = false;  // its direct arrays' pages were read in (see preload)
 };
 
 }  // namespace
@@ -69,8 +76,7 @@ struct DatasetFile::Impl {
   h5::File file;
   std::map<std::string, SplitIn> splits;
   // Direct reads copy rows out of a read-only mapping of the whole file: no system call per
-  // sample, and after the first epoch no page faults either. -1 / nullptr if every array goes
-  // through HDF5.
+  // sample. -1 / nullptr if every array goes through HDF5.
   int fd = -1;
   const std::byte* map = nullptr;
   std::size_t map_bytes = 0;
@@ -141,10 +147,11 @@ struct DatasetFile::Impl {
     if (fd < 0) return;  // HDF5 could open it, so reads through HDF5 still work
     struct stat status {};
     if (::fstat(fd, &status) != 0 || status.st_size <= 0) return;
-    // MAP_POPULATE maps the pages the page cache already holds at once, instead of one fault
-    // per few pages on first touch (a fault costs far more than copying its page).
-    void* mapped = ::mmap(nullptr, static_cast<std::size_t>(status.st_size), PROT_READ,
-                          MAP_SHARED | MAP_POPULATE, fd, 0);
+    // No MAP_POPULATE: on a file that is not in the page cache it would read the whole file
+    // (the other split and any other arrays included) before the first sample, and a file larger
+    // than memory in vain. preload() populates a split's arrays instead.
+    void* mapped =
+        ::mmap(nullptr, static_cast<std::size_t>(status.st_size), PROT_READ, MAP_SHARED, fd, 0);
     if (mapped == MAP_FAILED) return;
     map = static_cast<const std::byte*>(mapped);
     map_bytes = static_cast<std::size_t>(status.st_size);
@@ -199,6 +206,59 @@ struct DatasetFile::Impl {
         shape_elements(array.spec.sample_shape) * dtype_size(array.spec.dtype);
     if (row_bytes == 0) return;
     read_through_hdf5(array, sorted, row_bytes);
+  }
+
+  // The file ranges holding the rows of a direct array: its blocks (whole chunks), in file
+  // order, widened to whole pages and merged where they touch.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> page_ranges(const ArrayIn& array,
+                                                                   std::size_t samples) const {
+    const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    const h5::RowLayout& layout = array.layout;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> blocks;  // [begin, end)
+    for (std::size_t block = 0; block < layout.block_offsets.size(); ++block) {
+      const std::size_t rows =
+          std::min(layout.rows_per_block, samples - block * layout.rows_per_block);
+      const std::uint64_t begin = layout.block_offsets[block];
+      const std::uint64_t end = begin + rows * layout.row_bytes;
+      blocks.emplace_back(begin / page * page,
+                          std::min<std::uint64_t>((end + page - 1) / page * page, map_bytes));
+    }
+    std::sort(blocks.begin(), blocks.end());
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> merged;
+    for (const auto& [begin, end] : blocks) {
+      if (!merged.empty() && begin <= merged.back().second) {
+        merged.back().second = std::max(merged.back().second, end);
+      } else {
+        merged.emplace_back(begin, end);
+      }
+    }
+    return merged;
+  }
+
+  bool preload(const std::string& split_name, std::size_t max_bytes) {
+    check_split_name(split_name, "dataset '" + path + "'");
+    SplitIn& in = splits.at(split_name);
+    if (in.preloaded) return true;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+    for (const ArrayIn* array : {&in.inputs, &in.targets}) {
+      if (!array->direct) continue;
+      const auto more = page_ranges(*array, in.samples);
+      ranges.insert(ranges.end(), more.begin(), more.end());
+    }
+    if (ranges.empty()) return false;  // nothing is read from the mapping
+    std::uint64_t bytes = 0;
+    for (const auto& [begin, end] : ranges) bytes += end - begin;
+    if (bytes > max_bytes) return false;
+    std::sort(ranges.begin(), ranges.end());
+    for (const auto& [begin, end] : ranges) {
+      void* start = const_cast<std::byte*>(map + begin);
+      // A kernel older than the C library refuses MADV_POPULATE_READ: WILLNEED starts the reads.
+      if (::madvise(start, end - begin, kPreloadAdvice) != 0) {
+        ::madvise(start, end - begin, MADV_WILLNEED);
+      }
+    }
+    in.preloaded = true;
+    return true;
   }
 
   // One copy per row out of the mapping, in the order asked (repeats included).
@@ -348,6 +408,14 @@ void DatasetFile::read_samples(const std::string& split, Field field,
 
 bool DatasetFile::reads_directly(const std::string& split, Field field) const {
   return Impl::array(impl_->split(split), field).direct;
+}
+
+bool DatasetFile::preload(const std::string& split, std::size_t max_bytes) {
+  return impl_->preload(split, max_bytes);
+}
+
+bool DatasetFile::preloaded(const std::string& split) const {
+  return impl_->split(split).preloaded;
 }
 
 std::map<std::string, std::string> DatasetFile::attributes() const {

@@ -74,6 +74,16 @@ class DatasetFile {
   // True if read_samples bypasses the HDF5 library for that array (for tests and benchmarks).
   bool reads_directly(const std::string& split, Field field) const;
 
+  // Before epochs of shuffled reads: brings the file pages of the rows that read_samples copies
+  // from the mapping into memory and maps them, range after range in file order (whole chunks:
+  // the reads a sequential pass makes), if they take at most `max_bytes`; returns whether the
+  // split is preloaded. A shuffled order needs samples from all over the file from its first
+  // step on, and on a file that is not in the page cache its random page faults cost many times
+  // a sequential read. Arrays read through HDF5 are left alone. Not safe while other threads
+  // read from this file.
+  bool preload(const std::string& split, std::size_t max_bytes);
+  bool preloaded(const std::string& split) const;
+
   std::map<std::string, std::string> attributes() const;  // root string attributes
   std::map<std::string, double> split_attributes(const std::string& split) const;  // numeric
 

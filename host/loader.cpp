@@ -3,6 +3,8 @@
 // std::shuffle and std::uniform_int_distribution are implementation-defined, so we use our own.
 #include "host/loader.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
 #include <condition_variable>
@@ -224,6 +226,13 @@ std::vector<std::size_t> epoch_permutation(std::size_t count, std::uint64_t seed
   return order;
 }
 
+std::size_t default_max_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_bytes = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_bytes <= 0) return 0;  // unknown: stay with the file
+  return static_cast<std::size_t>(pages) / 2 * static_cast<std::size_t>(page_bytes);
+}
+
 Loader::Loader(LoaderConfig config) : config_(std::move(config)), file_(config_.path) {
   info_ = file_.info(config_.split);
   if (config_.replicas == 0) throw DatasetError("loader: replicas must be at least 1");
@@ -242,6 +251,7 @@ Loader::Loader(LoaderConfig config) : config_(std::move(config)), file_(config_.
                        " samples per step); use fewer replicas, a smaller batch or more data");
   }
   finite_checked_ = std::make_unique<std::atomic<bool>[]>(info_.samples);
+  file_.preload(config_.split, config_.max_memory_bytes.value_or(default_max_memory_bytes()));
   if (config_.prefetch_steps > 0) prefetcher_ = std::make_unique<Prefetcher>(*this);
 }
 

@@ -9,6 +9,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -32,6 +33,12 @@ struct LoaderConfig {
   // Background reader threads (with prefetch_steps > 0): each reads whole steps, so more than one
   // keeps up when copying samples out of the file is slower than streaming them on.
   std::size_t reader_threads = 1;
+  // The split's pages are read into memory at the start (DatasetFile::preload), in file order,
+  // when they take at most this many bytes (nullopt: half of the machine's physical memory;
+  // 0: never). A shuffled epoch needs samples from all over the file from its first step on, so
+  // reading it all first loses nothing, and random page faults on a file that is not in the
+  // page cache cost many times a sequential pass. A larger split is faulted in as it is read.
+  std::optional<std::size_t> max_memory_bytes{};
   // NaN or infinity in a float array of a batch is a DatasetError naming split, sample, element.
   // Each sample is scanned the first time this loader reads it (the file does not change).
   bool check_finite = true;
@@ -65,6 +72,8 @@ class Loader {
   const LoaderConfig& config() const { return config_; }
   const SplitInfo& info() const { return info_; }
   const DatasetFile& file() const { return file_; }
+  // True if the split was preloaded (see LoaderConfig::max_memory_bytes).
+  bool preloaded() const { return file_.preloaded(config_.split); }
   // floor(samples / (replicas * samples_per_step)); never 0 (the constructor checks).
   std::size_t steps_per_epoch() const { return steps_per_epoch_; }
 
@@ -122,5 +131,8 @@ class Loader {
 // (seed, epoch). Exposed for tests and for tools that want to reproduce the loader's order.
 std::vector<std::size_t> epoch_permutation(std::size_t count, std::uint64_t seed,
                                            std::uint64_t epoch);
+
+// Half of the machine's physical memory: the default of LoaderConfig::max_memory_bytes.
+std::size_t default_max_memory_bytes();
 
 }  // namespace ipupod::host

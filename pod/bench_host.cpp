@@ -46,6 +46,7 @@ struct HostBenchOptions {
   bool shuffle = true;
   bool cold_cache = false;
   std::uint64_t seed = 0;
+  std::optional<std::size_t> max_memory_mb{};  // the loader's default when unset
 };
 
 // Bytes per row block of the raw loop: large sequential reads, as a plain reader would do.
@@ -123,8 +124,14 @@ double raw_read_bytes_per_s(const HostBenchOptions& o, std::size_t& bytes, doubl
   return static_cast<double>(bytes) / seconds_since(start);
 }
 
+std::size_t max_memory_bytes(const HostBenchOptions& o) {
+  return o.max_memory_mb ? *o.max_memory_mb << 20 : host::default_max_memory_bytes();
+}
+
 struct StreamResult {
   double bytes_per_s = 0;
+  double setup_seconds = 0;  // the loader's construction (the split's preload included)
+  bool preloaded = false;
   double wait_fraction = 0;
   double cpu_seconds = 0;
   std::size_t bytes = 0;
@@ -169,7 +176,9 @@ StreamResult stream_epoch(const HostBenchOptions& o) {
                        .shuffle = o.shuffle,
                        .seed = o.seed,
                        .prefetch_steps = o.prefetch_steps,
-                       .reader_threads = o.reader_threads});
+                       .reader_threads = o.reader_threads,
+                       .max_memory_bytes = max_memory_bytes(o)});
+  const double setup_seconds = seconds_since(start);
   const std::size_t steps = loader.steps_per_epoch();
   std::vector<std::thread> feeders;
   std::vector<std::exception_ptr> failures(2 * o.clients);
@@ -249,6 +258,8 @@ StreamResult stream_epoch(const HostBenchOptions& o) {
 
   StreamResult result;
   result.cpu_seconds = cpu_seconds;
+  result.setup_seconds = setup_seconds;
+  result.preloaded = loader.preloaded();
   for (std::size_t c = 0; c < o.clients; ++c) {
     result.bytes += received[c];
     result.wait_fraction += waited[c] / busy[c] / static_cast<double>(o.clients);
@@ -331,6 +342,10 @@ int run_host_bench(const HostBenchOptions& o) {
     const host::SplitInfo info = file.info(o.split);
     frame_bytes = o.samples_per_step * host::shape_elements(info.inputs.sample_shape) *
                   host::dtype_size(info.inputs.dtype);
+    const std::size_t split_bytes =
+        info.samples *
+        (host::shape_elements(info.inputs.sample_shape) * host::dtype_size(info.inputs.dtype) +
+         host::shape_elements(info.targets.sample_shape) * host::dtype_size(info.targets.dtype));
     std::cout << "ipupod bench host: " << o.data << " /" << o.split << ": " << info.samples
               << " samples of " << host::dtype_name(info.inputs.dtype)
               << host::shape_string(info.inputs.sample_shape) << "; " << o.clients
@@ -345,6 +360,11 @@ int run_host_bench(const HostBenchOptions& o) {
               << "; reads "
               << (file.reads_directly(o.split, host::Field::inputs) ? "directly (mapped file)"
                                                                     : "through HDF5")
+              << (!file.reads_directly(o.split, host::Field::inputs) ? std::string()
+                  : split_bytes <= max_memory_bytes(o)
+                      ? ", the split's " + std::to_string(split_bytes >> 20) +
+                            " MiB preloaded at the loader's start"
+                      : std::string(", pages faulted in as read"))
               << "; " << o.runs << " runs" << std::endl;
   } catch (const host::DatasetError& e) {
     std::cerr << "ipupod bench host: " << e.what() << "\n";
@@ -373,12 +393,14 @@ int run_host_bench(const HostBenchOptions& o) {
       std::cout << "  run " << run + 1 << ": raw HDF5 read " << rate(raw) << " (" << raw_bytes
                 << " bytes, " << std::setprecision(3) << raw_cpu << " CPU s), streamed "
                 << rate(streamed.bytes_per_s) << " (" << streamed.bytes << " bytes, "
-                << streamed.cpu_seconds << " CPU s; " << streamed.prefetched
-                << " batches prefetched, " << streamed.synchronous << " read synchronously), ratio "
-                << streamed.bytes_per_s / raw << ", CPU-cost ratio " << cpu_ratio
-                << ", clients waited " << std::setprecision(1) << 100 * streamed.wait_fraction
-                << "% of the time; plain TCP " << rate(tcp) << ", streamed/plain TCP "
-                << std::setprecision(3) << streamed.bytes_per_s / tcp << std::endl;
+                << streamed.cpu_seconds << " CPU s, loader set-up " << streamed.setup_seconds
+                << " s" << (streamed.preloaded ? " (split preloaded)" : "") << "; "
+                << streamed.prefetched << " batches prefetched, " << streamed.synchronous
+                << " read synchronously), ratio " << streamed.bytes_per_s / raw
+                << ", CPU-cost ratio " << cpu_ratio << ", clients waited " << std::setprecision(1)
+                << 100 * streamed.wait_fraction << "% of the time; plain TCP " << rate(tcp)
+                << ", streamed/plain TCP " << std::setprecision(3) << streamed.bytes_per_s / tcp
+                << std::endl;
     }
     const double ratio = median(ratios);
     std::cout << "median of " << o.runs << ": raw sequential HDF5 read " << rate(median(raw_rates))
@@ -422,6 +444,10 @@ void add_host_bench(CLI::App& bench, int& exit_code) {
   host->add_option("--reader-threads", options->reader_threads,
                    "Loader threads reading steps ahead (with --prefetch-steps > 0)")
       ->capture_default_str();
+  host->add_option("--max-memory-mb", options->max_memory_mb,
+                   "Preload the split's pages in file order at the loader's start if they take at "
+                   "most this many MiB (default: half of physical memory; 0: fault them in as "
+                   "read)");
   host->add_option("--credits", options->credits, "Frames each client lets the host send ahead")
       ->capture_default_str();
   host->add_option("--device-ms-per-step", options->device_ms_per_step,

@@ -2,6 +2,7 @@
 // validation error, each asserting that the message names the problem.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -333,6 +334,36 @@ TEST(Dataset, DirectReadsMatchReadsThroughHdf5) {
   EXPECT_EQ(whole.read_inputs("train", indices).bytes, expected.bytes);
   EXPECT_EQ(direct.read_targets("train", indices).bytes,
             compressed.read_targets("train", indices).bytes);
+}
+
+TEST(Dataset, PreloadKeepsToItsLimitAndReadsTheSame) {
+  TempDir dir;
+  const std::string plain = dir.file("plain.h5");
+  const std::string packed = dir.file("packed.h5");
+  for (const auto& [path, level] : {std::pair{plain, 0}, std::pair{packed, 4}}) {
+    DatasetWriter writer(path, {.chunk_samples = 7, .deflate_level = level});
+    writer.write_split("train", iota_f32({100, 2, 3}), iota_i32(100));
+    writer.write_split("test", iota_f32({5, 2, 3}), iota_i32(5));
+    writer.finish();
+  }
+  DatasetFile direct(plain);
+  const std::vector<std::size_t> indices{99, 0, 6, 7, 13, 14, 50, 3, 64};
+  const HostArray inputs = direct.read_inputs("train", indices);
+  const HostArray targets = direct.read_targets("train", indices);
+  // 100 rows of 24 + 4 bytes take more than one byte, whatever the page size.
+  EXPECT_FALSE(direct.preload("train", 1));
+  EXPECT_FALSE(direct.preloaded("train"));
+  EXPECT_TRUE(direct.preload("train", SIZE_MAX));
+  EXPECT_TRUE(direct.preloaded("train"));
+  EXPECT_FALSE(direct.preloaded("test"));
+  EXPECT_EQ(direct.read_inputs("train", indices).bytes, inputs.bytes);
+  EXPECT_EQ(direct.read_targets("train", indices).bytes, targets.bytes);
+  EXPECT_EQ(inputs.as<float>()[1], 99.0f * 6 + 1);
+  // Compressed arrays are read through HDF5, not the mapping: nothing to preload.
+  DatasetFile compressed(packed);
+  EXPECT_FALSE(compressed.preload("train", SIZE_MAX));
+  EXPECT_FALSE(compressed.preloaded("train"));
+  EXPECT_THROW(direct.preload("validation", SIZE_MAX), DatasetError);
 }
 
 TEST(DatasetErrors, FileTruncatedWhileOpenIsReportedNotACrash) {

@@ -145,6 +145,23 @@ TEST(Loader, PrefetchedBatchesEqualSynchronousOnes) {
   EXPECT_EQ(synchronous.stats().prefetched, 0u);
 }
 
+TEST(Loader, PreloadedSplitGivesTheSameBatches) {
+  TempDir dir;
+  const std::string path = write_indexed(dir, 100);
+  const LoaderConfig base{.path = path, .replicas = 2, .samples_per_step = 5, .seed = 9};
+  LoaderConfig from_file = base;
+  from_file.max_memory_bytes = 0;
+  Loader preloaded(base), faulted(from_file);
+  EXPECT_TRUE(preloaded.preloaded());  // a few KiB, far below half of any machine's memory
+  EXPECT_FALSE(faulted.preloaded());
+  for (std::size_t e = 0; e < 2; ++e) {
+    for (std::size_t s = 0; s < preloaded.steps_per_epoch(); ++s) {
+      for (std::size_t r = 0; r < 2; ++r)
+        expect_same_batch(preloaded.batch(e, s, r), faulted.batch(e, s, r));
+    }
+  }
+}
+
 TEST(Loader, PrefetchServesAnyRequestOrder) {
   TempDir dir;
   const std::string path = write_indexed(dir, 90);
