@@ -274,7 +274,7 @@ StreamResult stream_epoch(const HostBenchOptions& o) {
 // written from one ready buffer and read into one reused buffer over plain blocking loopback
 // sockets (no file, no framing, no checksum, no flow control): what any TCP streaming could reach.
 double plain_tcp_bytes_per_s(const HostBenchOptions& o, std::size_t bytes_per_client,
-                             std::size_t frame_bytes) {
+                             std::size_t frame_bytes, double& cpu_seconds) {
   namespace ip = boost::asio::ip;
   boost::asio::io_context io;
   ip::tcp::acceptor acceptor(io, ip::tcp::endpoint(ip::make_address("127.0.0.1"), 0));
@@ -291,6 +291,7 @@ double plain_tcp_bytes_per_s(const HostBenchOptions& o, std::size_t bytes_per_cl
   double elapsed = 0;
   for (std::size_t pass = 0; pass <= o.warm_up_epochs; ++pass) {
     const auto start = Clock::now();
+    const double cpu_start = process_cpu_seconds();
     std::vector<std::thread> threads;
     std::vector<std::exception_ptr> failures(2 * o.clients);
     for (std::size_t c = 0; c < o.clients; ++c) {
@@ -320,6 +321,7 @@ double plain_tcp_bytes_per_s(const HostBenchOptions& o, std::size_t bytes_per_cl
       if (failure) std::rethrow_exception(failure);
     }
     elapsed = seconds_since(start);
+    cpu_seconds = process_cpu_seconds() - cpu_start;
   }
   return static_cast<double>(bytes_per_client * o.clients) / elapsed;
 }
@@ -378,7 +380,8 @@ int run_host_bench(const HostBenchOptions& o) {
       double raw_cpu = 0;
       const double raw = raw_read_bytes_per_s(o, raw_bytes, raw_cpu);
       const StreamResult streamed = stream_epoch(o);
-      const double tcp = plain_tcp_bytes_per_s(o, streamed.bytes / o.clients, frame_bytes);
+      double tcp_cpu = 0;
+      const double tcp = plain_tcp_bytes_per_s(o, streamed.bytes / o.clients, frame_bytes, tcp_cpu);
       raw_rates.push_back(raw);
       tcp_rates.push_back(tcp);
       tcp_ratios.push_back(streamed.bytes_per_s / tcp);
@@ -398,7 +401,8 @@ int run_host_bench(const HostBenchOptions& o) {
                 << streamed.prefetched << " batches prefetched, " << streamed.synchronous
                 << " read synchronously), ratio " << streamed.bytes_per_s / raw
                 << ", CPU-cost ratio " << cpu_ratio << ", clients waited " << std::setprecision(1)
-                << 100 * streamed.wait_fraction << "% of the time; plain TCP " << rate(tcp)
+                << 100 * streamed.wait_fraction << "% of the time; plain TCP " << rate(tcp) << " ("
+                << std::setprecision(3) << tcp_cpu << " CPU s)"
                 << ", streamed/plain TCP " << std::setprecision(3) << streamed.bytes_per_s / tcp
                 << std::endl;
     }
