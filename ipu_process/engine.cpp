@@ -171,6 +171,10 @@ struct Engine::Node {
   std::size_t index = 0;  // compute set or exchange
   // An execute that runs tile by tile right after the exchange before it (see fuse_exchanges).
   std::optional<std::size_t> exchange;
+  // A sequence of such executes that runs group by group of tiles (see chain_tile_steps): the
+  // tiles of group g are group_tiles[group_begin[g] .. group_begin[g + 1]), in tile order.
+  std::vector<unsigned> group_tiles;
+  std::vector<std::size_t> group_begin;
   std::uint64_t count = 0;  // repeat count
   SyncKind sync = SyncKind::internal;
   CollectiveOp op = CollectiveOp::sum;
@@ -186,6 +190,9 @@ struct Engine::Node {
 
 namespace {
 constexpr std::size_t kAlignment = 8;
+// Host-side choice, not a hardware figure: a run of exchanges and compute sets goes group by
+// group of tiles only if no group holds more than 1/kTilesPerGroupDivisor of the tiles.
+constexpr unsigned kTilesPerGroupDivisor = 8;
 std::size_t align_up(std::size_t n) {
   return (n + kAlignment - 1) / kAlignment * kAlignment;
 }
@@ -800,7 +807,10 @@ Engine::Node Engine::compile(const Program& p) {
     case Program::Kind::if_else:
       node.count = p.count();
       for (const auto& c : p.children()) node.children.push_back(compile(c));
-      if (node.kind == Program::Kind::sequence) fuse_exchanges(node);
+      if (node.kind == Program::Kind::sequence) {
+        fuse_exchanges(node);
+        chain_tile_steps(node);
+      }
       if (!p.tensors().empty()) {
         node.pieces = resolve(p.tensors()[0]);
         node.dtype = p.tensors()[0].dtype();
@@ -1011,6 +1021,120 @@ void Engine::fuse_exchanges(Node& sequence) const {
   });
 }
 
+namespace {
+// Union-find over tiles, for the groups a run of exchanges connects.
+class TileGroups {
+ public:
+  explicit TileGroups(unsigned tiles) : parent_(tiles), size_(tiles, 1) {
+    std::iota(parent_.begin(), parent_.end(), 0U);
+  }
+  unsigned find(unsigned t) {
+    while (parent_[t] != t) t = parent_[t] = parent_[parent_[t]];
+    return t;
+  }
+  void join(unsigned a, unsigned b) {
+    a = find(a), b = find(b);
+    if (a == b) return;
+    if (size_[a] < size_[b]) std::swap(a, b);
+    parent_[b] = a;
+    size_[a] += size_[b];
+    largest_ = std::max(largest_, size_[a]);
+  }
+  unsigned largest() const { return largest_; }
+
+ private:
+  std::vector<unsigned> parent_, size_;
+  unsigned largest_ = 1;
+};
+}  // namespace
+
+// A run of executes that each go tile by tile after their exchange (see fuse_exchanges) can go
+// group by group of tiles instead: all the steps of one group, then the next group, so that
+// what a step leaves on a group's tiles is still in the host's cache when the next step reads
+// it (a split matmul's partial sums when they are added up). The groups are the tiles that the
+// later steps' exchanges connect, so a group's exchanges only read its own tiles, which have
+// finished the steps before; the result is the same as step by step over every tile.
+void Engine::chain_tile_steps(Node& sequence) const {
+  const unsigned tiles = graph_.arch().tiles;
+  // A group may hold at most this many tiles: enough groups to share out between threads, each
+  // small enough that its data stays in the host's caches from one step to the next.
+  const unsigned max_group = std::max(1U, tiles / kTilesPerGroupDivisor);
+  const auto tile_step = [](const Node& n) {
+    return n.kind == Program::Kind::execute && n.exchange.has_value();
+  };
+  // The tile whose memory holds an address (arenas_ are in tile order, empty tiles null).
+  std::vector<std::pair<const std::byte*, unsigned>> arena_starts;
+  for (unsigned t = 0; t < tiles; ++t)
+    if (arenas_[t] != nullptr) arena_starts.emplace_back(arenas_[t], t);
+  const auto tile_at = [&](const std::byte* p) {
+    auto it = std::upper_bound(arena_starts.begin(), arena_starts.end(), p,
+                               [](const std::byte* x, const auto& a) { return x < a.first; });
+    return std::prev(it)->second;
+  };
+  auto& steps = sequence.children;
+  std::vector<Node> out;
+  for (std::size_t i = 0; i < steps.size();) {
+    std::size_t j = i + 1;
+    if (tile_step(steps[i]) && !arena_starts.empty()) {
+      TileGroups groups(tiles);
+      ByteRanges read;  // what the exchanges of the chain so far read, once it has two steps
+      for (; j < steps.size() && tile_step(steps[j]); ++j) {
+        const CompiledExchange& ex = *exchanges_[*steps[j].exchange];
+        const CompiledComputeSet& cs = *compute_sets_[steps[j].index];
+        // Each transfer joins its source's tile to its destination's.
+        TileGroups joined = groups;
+        for (std::size_t t = 0; t < tiles && joined.largest() <= max_group; ++t)
+          for (std::size_t k = ex.tile_begin[t]; k < ex.tile_begin[t + 1]; ++k)
+            joined.join(tile_at(ex.transfers[k].src), static_cast<unsigned>(t));
+        if (joined.largest() > max_group) break;
+        if (j == i + 1) {
+          for (const auto& tr : exchanges_[*steps[i].exchange]->transfers)
+            read.add(tr.src, tr.bytes);
+          read.seal();
+        }
+        // A group runs all its steps before the next group starts, so no later step may write
+        // what an earlier exchange still reads for another group (vertex regions count as
+        // written: a codelet does not say which of its fields it changes).
+        if (std::any_of(ex.transfers.begin(), ex.transfers.end(),
+                        [&](const auto& tr) { return read.overlaps(tr.dst, tr.bytes); }))
+          break;
+        bool clash = false;
+        for (std::size_t r = 0; r < cs.regions.size() && !clash; ++r)
+          clash = read.overlaps(cs.regions[r].data, cs.region_bytes[r]);
+        if (clash) break;
+        groups = std::move(joined);
+        for (const auto& tr : ex.transfers) read.add(tr.src, tr.bytes);
+        read.seal();
+      }
+      if (j - i >= 2) {
+        Node chain;
+        std::vector<unsigned> roots(tiles);
+        for (unsigned t = 0; t < tiles; ++t) roots[t] = groups.find(t);
+        std::vector<std::size_t> order;
+        const std::vector<std::size_t> begin = group_by(roots, tiles, order);
+        // Groups in the order of their first tile, each group's tiles in tile order.
+        std::vector<bool> placed(tiles, false);
+        for (unsigned t = 0; t < tiles; ++t) {
+          const unsigned root = roots[t];
+          if (placed[root]) continue;
+          placed[root] = true;
+          chain.group_begin.push_back(chain.group_tiles.size());
+          for (std::size_t k = begin[root]; k < begin[root + 1]; ++k)
+            chain.group_tiles.push_back(static_cast<unsigned>(order[k]));
+        }
+        chain.group_begin.push_back(chain.group_tiles.size());
+        for (std::size_t k = i; k < j; ++k) chain.children.push_back(std::move(steps[k]));
+        out.push_back(std::move(chain));
+        i = j;
+        continue;
+      }
+    }
+    out.push_back(std::move(steps[i]));
+    i = i + 1;
+  }
+  steps = std::move(out);
+}
+
 void Engine::account(const char* category, std::uint64_t CycleBreakdown::*field,
                      std::uint64_t cycles, const std::string& name) {
   if (trace_.size() < options_.trace_events)
@@ -1034,10 +1158,42 @@ bool Engine::predicate(const Node& node) const {
   }
 }
 
+void Engine::run_tile(const Node& step, std::size_t tile, std::uint64_t run) const {
+  const CompiledExchange& ex = *exchanges_[*step.exchange];
+  const CompiledComputeSet& cs = *compute_sets_[step.index];
+  for (std::size_t i = ex.tile_begin[tile]; i < ex.tile_begin[tile + 1]; ++i)
+    std::memcpy(ex.transfers[i].dst, ex.transfers[i].src, ex.transfers[i].bytes);
+  for (std::size_t i = cs.tile_begin[tile]; i < cs.tile_begin[tile + 1]; ++i)
+    cs.run_vertex(cs.by_tile[i], options_.float16_stores, run);
+}
+
+void Engine::execute_tile_groups(const Node& node) {
+  const ArchPreset& arch = graph_.arch();
+  const auto& steps = node.children;
+  std::vector<std::uint64_t> runs(steps.size());
+  for (auto& run : runs) run = compute_set_runs_++;
+  pool_->parallel_for(node.group_begin.size() - 1, [&](std::size_t b, std::size_t e) {
+    for (std::size_t g = b; g < e; ++g)
+      for (std::size_t s = 0; s < steps.size(); ++s)
+        for (std::size_t i = node.group_begin[g]; i < node.group_begin[g + 1]; ++i)
+          run_tile(steps[s], node.group_tiles[i], runs[s]);
+  });
+  for (const Node& step : steps) {
+    account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");
+    account("exchange", &CycleBreakdown::exchange, exchanges_[*step.exchange]->cycles, "exchange");
+    account("compute", &CycleBreakdown::compute, compute_sets_[step.index]->cycles, step.name);
+    account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");
+  }
+}
+
 void Engine::execute(const Node& node) {
   const ArchPreset& arch = graph_.arch();
   switch (node.kind) {
     case Program::Kind::sequence:
+      if (!node.group_begin.empty()) {
+        execute_tile_groups(node);
+        break;
+      }
       for (const auto& c : node.children) execute(c);
       break;
     case Program::Kind::repeat:
@@ -1062,17 +1218,12 @@ void Engine::execute(const Node& node) {
       if (node.exchange) {
         // The exchange before it and the compute set, tile by tile: a tile's operands are still
         // in the host's cache when its vertices read them.
-        const CompiledExchange& ex = *exchanges_[*node.exchange];
         pool_->parallel_for(arch.tiles, [&](std::size_t b, std::size_t e) {
-          for (std::size_t t = b; t < e; ++t) {
-            for (std::size_t i = ex.tile_begin[t]; i < ex.tile_begin[t + 1]; ++i)
-              std::memcpy(ex.transfers[i].dst, ex.transfers[i].src, ex.transfers[i].bytes);
-            for (std::size_t i = cs.tile_begin[t]; i < cs.tile_begin[t + 1]; ++i)
-              cs.run_vertex(cs.by_tile[i], options_.float16_stores, run);
-          }
+          for (std::size_t t = b; t < e; ++t) run_tile(node, t, run);
         });
         account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");
-        account("exchange", &CycleBreakdown::exchange, ex.cycles, "exchange");
+        account("exchange", &CycleBreakdown::exchange, exchanges_[*node.exchange]->cycles,
+                "exchange");
       } else {
         // Vertices of a compute set write disjoint memory, so any split of them is exact.
         pool_->parallel_for(cs.vertices.size(), [&](std::size_t b, std::size_t e) {

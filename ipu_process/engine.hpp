@@ -162,7 +162,10 @@ class Engine {
                              std::span<const std::byte> in);
   Node compile(const Program& p);
   void fuse_exchanges(Node& sequence) const;
+  void chain_tile_steps(Node& sequence) const;
   void execute(const Node& node);
+  void execute_tile_groups(const Node& node);
+  void run_tile(const Node& step, std::size_t tile, std::uint64_t run) const;
 
   const Graph& graph_;
   EngineOptions options_;

@@ -44,6 +44,10 @@ void matmul_block_rows(const float* a, const float* b, float* const* c, std::siz
                        std::size_t k, std::size_t n, bool transpose_a, bool transpose_b,
                        std::size_t r0, std::size_t rows);
 
+// The host kernel of the MatMulReduce codelet: out[j] = parts[0][j] + parts[1][j] + ... for
+// j < n, added in that order in float32 (count >= 1 partials, none overlapping out).
+void add_partials(const float* const* parts, std::size_t count, float* out, std::size_t n);
+
 // The host instruction sets the kernel is built for that this host runs, best first (the one
 // matmul_block_rows uses), and the kernel of a given one, so that tests can check each.
 std::vector<std::string> matmul_kernel_isas();

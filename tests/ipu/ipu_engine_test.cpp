@@ -168,6 +168,101 @@ TEST(Exchange, AComputeSetThatChangesAnExchangeSourceRunsAfterTheWholeExchange) 
   }
 }
 
+// Exchange-and-compute steps after one another, each tile's input from another tile: step 1
+// brings x from the next tile and doubles it, the later steps each add a value from a
+// neighbouring tile (t ^ 1, then t ^ 2), so tiles form groups of 2, then 4, that the engine may
+// run group by group. Each step also keeps a copy of its result that no exchange reads, for the
+// next step's vertex (a vertex touching an exchange source would keep the exchange whole).
+struct NeighbourSteps {
+  static constexpr std::size_t kTiles = 16, kWidth = 8;
+  Graph g{tiny()};
+  Tensor x, in, mid, keep, got, y, keep2, got2, z;
+  Program p;
+
+  // With second_step_writes_x, the second step writes its result into x and is the last.
+  explicit NeighbourSteps(bool second_step_writes_x) {
+    const std::pair<Tensor*, const char*> tensors[] = {
+        {&x, "x"}, {&in, "in"},       {&mid, "mid"},   {&keep, "keep"}, {&got, "got"},
+        {&y, "y"}, {&keep2, "keep2"}, {&got2, "got2"}, {&z, "z"}};
+    for (const auto& [t, name] : tensors) {
+      *t = g.add_variable(DType::f32, {kTiles, kWidth}, name);
+      for (unsigned tile = 0; tile < kTiles; ++tile) g.set_tile_mapping(t->row(tile), tile);
+      g.set_host_access(*t);  // live for the whole run: no two tensors share bytes
+    }
+    step([](unsigned t) { return (t + 1) % kTiles; }, x, in, in, {mid, keep});
+    if (second_step_writes_x) {
+      step([](unsigned t) { return t ^ 1U; }, mid, got, keep, {x});
+      return;
+    }
+    step([](unsigned t) { return t ^ 1U; }, mid, got, keep, {y, keep2});
+    step([](unsigned t) { return t ^ 2U; }, y, got2, keep2, {z});
+  }
+  // Tile t copies from.row(source(t)) into to.row(t), then out.row(t) = own.row(t) + to.row(t)
+  // for each out.
+  template <class Source>
+  void step(Source source, const Tensor& from, const Tensor& to, const Tensor& own,
+            const std::vector<Tensor>& outs) {
+    std::vector<std::pair<Tensor, Tensor>> copies;
+    const ComputeSetId cs = g.add_compute_set("add");
+    for (unsigned t = 0; t < kTiles; ++t) {
+      copies.emplace_back(from.row(source(t)), to.row(t));
+      for (const Tensor& out : outs)
+        g.add_vertex(cs, {"MatMulReduce", t, {{own.row(t), to.row(t)}, {out.row(t)}}, {}});
+    }
+    p.add(Program::copy(std::move(copies)));
+    p.add(Program::execute(cs));
+  }
+  // x's element j on tile t in run r, and what the second step makes of x.
+  static float value(std::size_t t, std::size_t j, int r) {
+    return static_cast<float>(r * 1000 + static_cast<int>(t * kWidth + j));
+  }
+  static float doubled_pair(std::size_t t, std::size_t j, int r) {
+    return 2 * value((t + 1) % kTiles, j, r) + 2 * value(((t ^ 1) + 1) % kTiles, j, r);
+  }
+};
+
+TEST(Exchange, StepsThatRunGroupByGroupOfTilesGiveTheStepByStepResult) {
+  for (unsigned threads : {1u, 2u}) {
+    NeighbourSteps s(false);
+    Engine e(s.g, {{"p", s.p}}, {.threads = threads});
+    for (int run = 1; run <= 2; ++run) {  // the second run must not see the first's values
+      std::vector<float> x(NeighbourSteps::kTiles * NeighbourSteps::kWidth);
+      for (std::size_t i = 0; i < x.size(); ++i)
+        x[i] = NeighbourSteps::value(i / NeighbourSteps::kWidth, i % NeighbourSteps::kWidth, run);
+      e.write(s.x, std::as_bytes(std::span<const float>(x)));
+      e.run("p");
+      const auto y = floats(e, s.y), z = floats(e, s.z);
+      for (std::size_t t = 0; t < NeighbourSteps::kTiles; ++t)
+        for (std::size_t j = 0; j < NeighbourSteps::kWidth; ++j) {
+          const std::size_t i = t * NeighbourSteps::kWidth + j;
+          ASSERT_EQ(y[i], NeighbourSteps::doubled_pair(t, j, run)) << threads << " threads, " << i;
+          ASSERT_EQ(z[i], NeighbourSteps::doubled_pair(t, j, run) +
+                              NeighbourSteps::doubled_pair(t ^ 2, j, run))
+              << threads << " threads, " << i;
+        }
+    }
+  }
+}
+
+// Here the second step overwrites x, which the first step's exchange reads for the previous
+// tile, in another group: the first step must finish on every tile before the second starts.
+TEST(Exchange, AStepThatChangesAnEarlierExchangeSourceWaitsForEveryTile) {
+  for (unsigned threads : {1u, 2u}) {
+    NeighbourSteps s(true);
+    Engine e(s.g, {{"p", s.p}}, {.threads = threads});
+    std::vector<float> x(NeighbourSteps::kTiles * NeighbourSteps::kWidth);
+    for (std::size_t i = 0; i < x.size(); ++i)
+      x[i] = NeighbourSteps::value(i / NeighbourSteps::kWidth, i % NeighbourSteps::kWidth, 1);
+    e.write(s.x, std::as_bytes(std::span<const float>(x)));
+    e.run("p");
+    const auto after = floats(e, s.x);
+    for (std::size_t i = 0; i < after.size(); ++i)
+      ASSERT_EQ(after[i], NeighbourSteps::doubled_pair(i / NeighbourSteps::kWidth,
+                                                       i % NeighbourSteps::kWidth, 1))
+          << threads << " threads, " << i;
+  }
+}
+
 // Compute-set cycles of n Relu vertices of `elements` each, placed on the given tiles in turn.
 std::uint64_t relu_cycles(std::size_t vertices, std::size_t elements, unsigned tiles) {
   Graph g(tiny());

@@ -82,6 +82,28 @@ TEST(MatMulKernel, EveryHostKernelGivesTheSameBitsOnRealValues) {
   EXPECT_THROW(run("no-such-isa"), std::invalid_argument);
 }
 
+TEST(MatMulReduce, AddsThePartialsInOrderLikeAPlainLoop) {
+  // Rounded sums of values of very different sizes, so that another order would change bits;
+  // lengths on both sides of every host vector width.
+  std::mt19937 gen(4);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  for (std::size_t count : {1u, 2u, 9u})
+    for (std::size_t n : {0u, 1u, 3u, 4u, 7u, 8u, 15u, 16u, 17u, 31u, 57u, 64u, 100u}) {
+      std::vector<std::vector<float>> parts(count, std::vector<float>(n));
+      for (std::size_t g = 0; g < count; ++g)
+        for (auto& x : parts[g]) x = d(gen) * std::ldexp(1.f, static_cast<int>(g % 3) * 12);
+      std::vector<const float*> pointers;
+      for (const auto& p : parts) pointers.push_back(p.data());
+      std::vector<float> out(n, -7.f);
+      ops::add_partials(pointers.data(), count, out.data(), n);
+      for (std::size_t j = 0; j < n; ++j) {
+        float ref = parts[0][j];
+        for (std::size_t g = 1; g < count; ++g) ref += parts[g][j];
+        ASSERT_EQ(out[j], ref) << count << " partials, n=" << n << ", element " << j;
+      }
+    }
+}
+
 TEST(MatMulPlan, SplitsTheInnerDimensionWhenTheOutputIsTooSmallForTheTiles) {
   const ArchPreset& tiny = ArchPreset::get("tiny");
   const auto plan = ops::plan_matmul(tiny, 2, 4099, 3);
@@ -206,6 +228,7 @@ std::vector<OpCase> op_cases() {
       {3, 4099, 2},    // k much larger than m * n: the inner dimension is split
       {61, 1031, 67},  // operands of 250 KB and 270 KB, a tile 128 KiB
       {37, 2, 41},     // almost no depth
+      {48, 96, 48},    // 8 output blocks, each split over 4 tiles that add up their partials
   };
   for (const auto& s : shapes)
     for (bool ta : {false, true})
@@ -221,13 +244,16 @@ INSTANTIATE_TEST_SUITE_P(AwkwardShapes, MatMulOpTest, ::testing::ValuesIn(op_cas
                          });
 
 TEST(MatMulOp, ASplitInnerDimensionGivesBitwiseIdenticalResultsWithOneOrTwoThreads) {
-  const OpCase oc{5, 3001, 7, false, true};
-  ASSERT_GT(ops::plan_matmul(ArchPreset::get("tiny"), oc.m, oc.k, oc.n).k_splits, 1u);
-  const OpRun one = run_matmul(ArchPreset::get("tiny"), oc, 1);
-  const OpRun two = run_matmul(ArchPreset::get("tiny"), oc, 2);
-  ASSERT_EQ(one.c.size(), two.c.size());
-  EXPECT_EQ(std::memcmp(one.c.data(), two.c.data(), one.c.size() * sizeof(float)), 0);
-  EXPECT_EQ(one.cycles.total(), two.cycles.total());
+  // One block over many tiles, and many blocks each over a few tiles (whose partial sums the
+  // engine adds up block by block).
+  for (const OpCase oc : {OpCase{5, 3001, 7, false, true}, OpCase{48, 96, 48, false, false}}) {
+    ASSERT_GT(ops::plan_matmul(ArchPreset::get("tiny"), oc.m, oc.k, oc.n).k_splits, 1u);
+    const OpRun one = run_matmul(ArchPreset::get("tiny"), oc, 1);
+    const OpRun two = run_matmul(ArchPreset::get("tiny"), oc, 2);
+    ASSERT_EQ(one.c.size(), two.c.size());
+    EXPECT_EQ(std::memcmp(one.c.data(), two.c.data(), one.c.size() * sizeof(float)), 0) << oc.k;
+    EXPECT_EQ(one.cycles.total(), two.cycles.total()) << oc.k;
+  }
 }
 
 TEST(MatMulOp, RejectsMismatchedInnerDimensionsAndNonFloatOperands) {
