@@ -1112,15 +1112,25 @@ void Engine::chain_tile_steps(Node& sequence) const {
         for (unsigned t = 0; t < tiles; ++t) roots[t] = groups.find(t);
         std::vector<std::size_t> order;
         const std::vector<std::size_t> begin = group_by(roots, tiles, order);
+        // Tiles with nothing to do in any step are left out, so that the threads' equal shares
+        // of the groups are equal shares of the work.
+        std::vector<bool> busy(tiles, false);
+        for (std::size_t k = i; k < j; ++k) {
+          const CompiledExchange& ex = *exchanges_[*steps[k].exchange];
+          const CompiledComputeSet& cs = *compute_sets_[steps[k].index];
+          for (unsigned t = 0; t < tiles; ++t)
+            if (ex.tile_begin[t + 1] > ex.tile_begin[t] || cs.tile_begin[t + 1] > cs.tile_begin[t])
+              busy[t] = true;
+        }
         // Groups in the order of their first tile, each group's tiles in tile order.
         std::vector<bool> placed(tiles, false);
         for (unsigned t = 0; t < tiles; ++t) {
           const unsigned root = roots[t];
-          if (placed[root]) continue;
+          if (!busy[t] || placed[root]) continue;
           placed[root] = true;
           chain.group_begin.push_back(chain.group_tiles.size());
           for (std::size_t k = begin[root]; k < begin[root + 1]; ++k)
-            chain.group_tiles.push_back(static_cast<unsigned>(order[k]));
+            if (busy[order[k]]) chain.group_tiles.push_back(static_cast<unsigned>(order[k]));
         }
         chain.group_begin.push_back(chain.group_tiles.size());
         for (std::size_t k = i; k < j; ++k) chain.children.push_back(std::move(steps[k]));
