@@ -10,6 +10,7 @@
 #include "ipu_process/arch.hpp"
 #include "models/zoo.hpp"
 #include "pod/compile.hpp"
+#include "tests/host/temp_dir.hpp"
 #include "tests/pod/run_command.hpp"
 
 namespace ipupod::pod {
@@ -63,8 +64,8 @@ TEST(Compile, EachStageOfATwoStageCnnReportsItsMemoryAndFitsAnMk2) {
 }
 
 TEST(Compile, ATooSmallArchitectureReportsNoFitWithTheWorstTilesAndAdvice) {
-  const std::filesystem::path arch =
-      std::filesystem::temp_directory_path() / "ipupod_compile_test_small.json";
+  const ipupod::testing::TempDir tmp;
+  const std::filesystem::path arch = tmp.path() / "small.json";
   std::ofstream(arch) << R"({"base": "tiny", "name": "small", "tiles": 8, "bytes_per_tile": 8192})";
   const CompileConfig c = cnn(2, arch.string());
   const nlohmann::json r = compile_stage(c, 0);
@@ -80,7 +81,6 @@ TEST(Compile, ATooSmallArchitectureReportsNoFitWithTheWorstTilesAndAdvice) {
   EXPECT_NE(text.find("largest: '"), std::string::npos) << text;
   EXPECT_NE(text.find("Advice: the stage needs"), std::string::npos) << text;
   EXPECT_NE(text.find("activation stash slots"), std::string::npos) << text;
-  std::filesystem::remove(arch);
 }
 
 TEST(Compile, MoreStagesThanTheModelSplitsIntoIsAUsageError) {
@@ -99,8 +99,8 @@ TEST(Compile, MoreStagesThanTheModelSplitsIntoIsAUsageError) {
 // The command: one process compiles every stage, or one rank per stage under mpiexec; both
 // write the same verdicts and exit 1 when a stage does not fit.
 TEST(CompileCommand, WritesMemoryReportsAndExitsOneWhenAStageDoesNotFit) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / "ipupod_compile_test_run";
+  const ipupod::testing::TempDir tmp;
+  const std::filesystem::path dir = tmp.path() / "run";
   for (const std::string& launcher :
        {std::string(),
         std::string(IPUPOD_MPIEXEC) + " -n 2 --oversubscribe --allow-run-as-root "}) {
