@@ -717,8 +717,9 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
         os << " '" << tensor.name << "' " << format_bytes(tensor.bytes) << " ("
            << category_name(tensor.category) << ")";
     }
-    os << "\nTry: more pipeline stages, a smaller micro-batch, or an architecture with more "
-          "memory per tile; allow-out-of-memory writes the full memory report instead.";
+    os << "\nTry: more pipeline stages or a different split, a smaller micro-batch, "
+          "recomputing activations instead of stashing them, or an architecture with more memory "
+          "per tile; allow-out-of-memory writes the full memory report instead.";
     throw OutOfMemoryError(os.str(), memory_);
   }
   arenas_.assign(arch.tiles, nullptr);

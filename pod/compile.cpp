@@ -286,7 +286,10 @@ void print_compile_report(const CompileConfig& c, const std::vector<nlohmann::js
       out << " Its " << s.at("stash_slots").get<std::size_t>() << " activation stash slots take "
           << mib(stash) << " (" << percent(stash, total)
           << "); more gradient accumulation does not change them, --pipeline-schedule"
-          << " sequential keeps none.";
+          << " sequential keeps none"
+          << (c.train.recompute ? "."
+                                : ", and --recompute stashes only what the forward pass cannot"
+                                  " make again (the stage's inputs).");
     out << "\n";
   }
 }

@@ -81,6 +81,7 @@ TEST(Compile, ATooSmallArchitectureReportsNoFitWithTheWorstTilesAndAdvice) {
   EXPECT_NE(text.find("largest: '"), std::string::npos) << text;
   EXPECT_NE(text.find("Advice: the stage needs"), std::string::npos) << text;
   EXPECT_NE(text.find("activation stash slots"), std::string::npos) << text;
+  EXPECT_NE(text.find("--recompute stashes only"), std::string::npos) << text;
 }
 
 TEST(Compile, MoreStagesThanTheModelSplitsIntoIsAUsageError) {
