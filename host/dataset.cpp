@@ -208,48 +208,43 @@ struct DatasetFile::Impl {
     read_through_hdf5(array, sorted, row_bytes);
   }
 
-  // The file ranges holding the rows of a direct array: its blocks (whole chunks), in file
-  // order, widened to whole pages and merged where they touch.
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> page_ranges(const ArrayIn& array,
-                                                                   std::size_t samples) const {
+  // Adds the file ranges holding the rows of a direct array: its blocks (whole chunks) widened
+  // to whole pages, [begin, end).
+  void add_page_ranges(const ArrayIn& array, std::size_t samples,
+                       std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges) const {
     const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
     const h5::RowLayout& layout = array.layout;
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> blocks;  // [begin, end)
     for (std::size_t block = 0; block < layout.block_offsets.size(); ++block) {
       const std::size_t rows =
           std::min(layout.rows_per_block, samples - block * layout.rows_per_block);
       const std::uint64_t begin = layout.block_offsets[block];
       const std::uint64_t end = begin + rows * layout.row_bytes;
-      blocks.emplace_back(begin / page * page,
+      ranges.emplace_back(begin / page * page,
                           std::min<std::uint64_t>((end + page - 1) / page * page, map_bytes));
     }
-    std::sort(blocks.begin(), blocks.end());
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> merged;
-    for (const auto& [begin, end] : blocks) {
-      if (!merged.empty() && begin <= merged.back().second) {
-        merged.back().second = std::max(merged.back().second, end);
-      } else {
-        merged.emplace_back(begin, end);
-      }
-    }
-    return merged;
   }
 
   bool preload(const std::string& split_name, std::size_t max_bytes) {
     check_split_name(split_name, "dataset '" + path + "'");
     SplitIn& in = splits.at(split_name);
     if (in.preloaded) return true;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> blocks;
+    for (const ArrayIn* array : {&in.inputs, &in.targets})
+      if (array->direct) add_page_ranges(*array, in.samples, blocks);
+    // In file order, merged where they touch.
+    std::sort(blocks.begin(), blocks.end());
     std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
-    for (const ArrayIn* array : {&in.inputs, &in.targets}) {
-      if (!array->direct) continue;
-      const auto more = page_ranges(*array, in.samples);
-      ranges.insert(ranges.end(), more.begin(), more.end());
+    for (const auto& [begin, end] : blocks) {
+      if (!ranges.empty() && begin <= ranges.back().second) {
+        ranges.back().second = std::max(ranges.back().second, end);
+      } else {
+        ranges.emplace_back(begin, end);
+      }
     }
     if (ranges.empty()) return false;  // nothing is read from the mapping
     std::uint64_t bytes = 0;
     for (const auto& [begin, end] : ranges) bytes += end - begin;
     if (bytes > max_bytes) return false;
-    std::sort(ranges.begin(), ranges.end());
     for (const auto& [begin, end] : ranges) {
       void* start = const_cast<std::byte*>(map + begin);
       // A kernel older than the C library refuses MADV_POPULATE_READ: WILLNEED starts the reads.
