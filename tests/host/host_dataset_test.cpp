@@ -298,8 +298,9 @@ TEST(DatasetErrors, SplitsWithDifferentSampleShapes) {
       << message;
 }
 
-TEST(Dataset, DirectReadsMatchReadsThroughHdf5) {
-  TempDir dir;
+// The same 100 + 5 samples in chunks of 7, stored plain (read from the mapping) and deflated
+// (read through HDF5); returns both paths.
+std::pair<std::string, std::string> write_plain_and_packed(const TempDir& dir) {
   const std::string plain = dir.file("plain.h5");
   const std::string packed = dir.file("packed.h5");
   for (const auto& [path, level] : {std::pair{plain, 0}, std::pair{packed, 4}}) {
@@ -308,6 +309,12 @@ TEST(Dataset, DirectReadsMatchReadsThroughHdf5) {
     writer.write_split("test", iota_f32({5, 2, 3}), iota_i32(5));
     writer.finish();
   }
+  return {plain, packed};
+}
+
+TEST(Dataset, DirectReadsMatchReadsThroughHdf5) {
+  TempDir dir;
+  const auto [plain, packed] = write_plain_and_packed(dir);
   // A contiguous (unchunked) dataset qualifies too.
   const std::string contiguous = dir.file("contiguous.h5");
   {
@@ -338,14 +345,7 @@ TEST(Dataset, DirectReadsMatchReadsThroughHdf5) {
 
 TEST(Dataset, PreloadKeepsToItsLimitAndReadsTheSame) {
   TempDir dir;
-  const std::string plain = dir.file("plain.h5");
-  const std::string packed = dir.file("packed.h5");
-  for (const auto& [path, level] : {std::pair{plain, 0}, std::pair{packed, 4}}) {
-    DatasetWriter writer(path, {.chunk_samples = 7, .deflate_level = level});
-    writer.write_split("train", iota_f32({100, 2, 3}), iota_i32(100));
-    writer.write_split("test", iota_f32({5, 2, 3}), iota_i32(5));
-    writer.finish();
-  }
+  const auto [plain, packed] = write_plain_and_packed(dir);
   DatasetFile direct(plain);
   const std::vector<std::size_t> indices{99, 0, 6, 7, 13, 14, 50, 3, 64};
   const HostArray inputs = direct.read_inputs("train", indices);
