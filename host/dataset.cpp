@@ -256,11 +256,9 @@ struct DatasetFile::Impl {
     return true;
   }
 
-  // One copy per row out of the mapping, in the order asked (repeats included).
-  void read_mapped(const ArrayIn& array, const std::string& what,
-                   std::span<const SampleRead> reads) const {
-    // Touching a mapped page past the end of a file that shrank would kill the process with
-    // SIGBUS; a file changed under a running job is reported instead.
+  // Touching a mapped page past the end of a file that shrank would kill the process with
+  // SIGBUS; a file changed under a running job is reported instead.
+  void check_not_truncated(const ArrayIn& array, const std::string& what) const {
     struct stat status {};
     if (::fstat(fd, &status) != 0 ||
         static_cast<std::uint64_t>(status.st_size) < array.end_offset) {
@@ -269,12 +267,24 @@ struct DatasetFile::Impl {
                          std::to_string(array.end_offset) +
                          " (was it truncated or rewritten while the job ran?)");
     }
+  }
+
+  // Row `index` of a direct array in the mapping.
+  std::span<const std::byte> mapped_row(const ArrayIn& array, std::size_t index) const {
     const h5::RowLayout& layout = array.layout;
+    const std::size_t block = index / layout.rows_per_block;
+    const std::uint64_t offset =
+        layout.block_offsets[block] + (index - block * layout.rows_per_block) * layout.row_bytes;
+    return {map + offset, layout.row_bytes};
+  }
+
+  // One copy per row out of the mapping, in the order asked (repeats included).
+  void read_mapped(const ArrayIn& array, const std::string& what,
+                   std::span<const SampleRead> reads) const {
+    check_not_truncated(array, what);
     for (const SampleRead& read : reads) {
-      const std::size_t block = read.index / layout.rows_per_block;
-      const std::uint64_t offset = layout.block_offsets[block] +
-                                   (read.index - block * layout.rows_per_block) * layout.row_bytes;
-      std::memcpy(read.out, map + offset, layout.row_bytes);
+      const std::span<const std::byte> row = mapped_row(array, read.index);
+      std::memcpy(read.out, row.data(), row.size());
     }
   }
 
@@ -399,6 +409,27 @@ HostArray DatasetFile::read_targets(const std::string& split,
 void DatasetFile::read_samples(const std::string& split, Field field,
                                std::span<const SampleRead> reads) const {
   impl_->read_samples(split, field, reads);
+}
+
+bool DatasetFile::mapped_samples(const std::string& split, Field field,
+                                 std::span<const std::size_t> indices,
+                                 std::vector<std::span<const std::byte>>& out) const {
+  const SplitIn& in = impl_->split(split);
+  const ArrayIn& array = Impl::array(in, field);
+  if (!array.direct) return false;
+  for (const std::size_t index : indices) {
+    if (index >= in.samples) {
+      throw std::out_of_range("dataset '" + impl_->path + "': sample index " +
+                              std::to_string(index) + " is out of range for split '" + split +
+                              "' with " + std::to_string(in.samples) + " samples");
+    }
+  }
+  impl_->check_not_truncated(
+      array, "'/" + split + "/" + std::string(field_name(field)) + "' of '" + impl_->path + "'");
+  out.clear();
+  out.reserve(indices.size());
+  for (const std::size_t index : indices) out.push_back(impl_->mapped_row(array, index));
+  return true;
 }
 
 bool DatasetFile::reads_directly(const std::string& split, Field field) const {

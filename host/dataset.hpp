@@ -71,6 +71,13 @@ class DatasetFile {
   // mapping of the file (no system call per sample); compressed data goes through HDF5 in runs
   // of consecutive rows.
   void read_samples(const std::string& split, Field field, std::span<const SampleRead> reads) const;
+  // Where samples of /<split>/<field> lie in the read-only mapping of the file: one span per
+  // index, in the order given, valid while this object lives (e.g. to send them to a socket with
+  // a gather write instead of copying them into a batch first). False, `out` untouched, if the
+  // array is read through HDF5 (compressed). Checks, as read_samples does, that the indices are
+  // in range and that the file has not shrunk.
+  bool mapped_samples(const std::string& split, Field field, std::span<const std::size_t> indices,
+                      std::vector<std::span<const std::byte>>& out) const;
   // True if read_samples bypasses the HDF5 library for that array (for tests and benchmarks).
   bool reads_directly(const std::string& split, Field field) const;
 

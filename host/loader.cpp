@@ -10,11 +10,13 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 
 namespace ipupod::host {
 namespace {
@@ -52,22 +54,28 @@ std::size_t first_non_finite(std::span<const Value> values, Bits exponent) {
   return values.size();
 }
 
-// DatasetError naming split, sample (index in the file) and element if sample k of `array`
-// (file index `index`) holds NaN or infinity; integer arrays always pass.
-void check_finite(const HostArray& array, const LoaderConfig& config, Field field, std::size_t k,
-                  std::size_t index) {
-  if (array.dtype != DType::f32 && array.dtype != DType::f16) return;
-  const std::vector<std::size_t> sample_shape(array.shape.begin() + 1, array.shape.end());
+// The elements of one sample's bytes (`sample` holds whole elements of that type).
+template <class Value>
+std::span<const Value> sample_values(std::span<const std::byte> sample) {
+  return {reinterpret_cast<const Value*>(sample.data()), sample.size() / sizeof(Value)};
+}
+
+// DatasetError naming split, sample (index in the file) and element if `sample` (the bytes of
+// file sample `index`, of `spec`) holds NaN or infinity; integer arrays always pass.
+void check_finite(std::span<const std::byte> sample, const ArraySpec& spec,
+                  const LoaderConfig& config, Field field, std::size_t index) {
+  if (spec.dtype != DType::f32 && spec.dtype != DType::f16) return;
+  const std::vector<std::size_t>& sample_shape = spec.sample_shape;
   const std::size_t per_sample = shape_elements(sample_shape);
   std::size_t element = 0;
   bool nan = false;
-  if (array.dtype == DType::f32) {
-    const std::span<const float> values = array.as<float>().subspan(k * per_sample, per_sample);
+  if (spec.dtype == DType::f32) {
+    const std::span<const float> values = sample_values<float>(sample);
     element = first_non_finite(values, kF32Exponent);
     if (element == per_sample) return;
     nan = values[element] != values[element];
   } else {
-    const std::span<const Half> values = array.as<Half>().subspan(k * per_sample, per_sample);
+    const std::span<const Half> values = sample_values<Half>(sample);
     element = first_non_finite(values, kF16Exponent);
     if (element == per_sample) return;
     nan = (std::bit_cast<std::uint16_t>(values[element]) & 0x03FFU) != 0;
@@ -252,7 +260,12 @@ Loader::Loader(LoaderConfig config) : config_(std::move(config)), file_(config_.
   }
   finite_checked_ = std::make_unique<std::atomic<bool>[]>(info_.samples);
   file_.preload(config_.split, config_.max_memory_bytes.value_or(default_max_memory_bytes()));
-  if (config_.prefetch_steps > 0) prefetcher_ = std::make_unique<Prefetcher>(*this);
+}
+
+void Loader::start_prefetcher() const {
+  std::call_once(prefetcher_started_, [this] {
+    if (config_.prefetch_steps > 0) prefetcher_ = std::make_unique<Prefetcher>(*this);
+  });
 }
 
 Loader::~Loader() {
@@ -356,24 +369,70 @@ std::vector<Batch> Loader::read_batches(std::size_t epoch, std::size_t step,
   file_.read_samples(config_.split, Field::inputs, inputs);
   file_.read_samples(config_.split, Field::targets, targets);
   errors.assign(replicas.size(), nullptr);
-  if (config_.check_finite) {
-    for (std::size_t b = 0; b < replicas.size(); ++b) {
-      try {
-        for (std::size_t k = 0; k < per_batch; ++k) {
-          // The file is mapped read-only for the loader's life: a sample found finite once
-          // stays so, and later epochs skip the scan.
-          std::atomic<bool>& checked = finite_checked_[indices[b][k]];
-          if (checked.load(std::memory_order_relaxed)) continue;
-          check_finite(batches[b].inputs, config_, Field::inputs, k, indices[b][k]);
-          check_finite(batches[b].targets, config_, Field::targets, k, indices[b][k]);
-          checked.store(true, std::memory_order_relaxed);
-        }
-      } catch (const DatasetError&) {
-        errors[b] = std::current_exception();
-      }
+  for (std::size_t b = 0; b < replicas.size(); ++b) {
+    try {
+      check_samples(indices[b], [&](std::size_t k, Field field) {
+        const std::span<const std::byte> bytes =
+            field == Field::inputs ? batches[b].inputs.bytes : batches[b].targets.bytes;
+        const std::size_t row = field == Field::inputs ? input_bytes : target_bytes;
+        return bytes.subspan(k * row, row);
+      });
+    } catch (const DatasetError&) {
+      errors[b] = std::current_exception();
     }
   }
   return batches;
+}
+
+void Loader::check_samples(
+    std::span<const std::size_t> indices,
+    const std::function<std::span<const std::byte>(std::size_t, Field)>& sample) const {
+  if (!config_.check_finite) return;
+  for (std::size_t k = 0; k < indices.size(); ++k) {
+    // The file is mapped read-only for the loader's life: a sample found finite once stays so,
+    // and later epochs skip the scan.
+    std::atomic<bool>& checked = finite_checked_[indices[k]];
+    if (checked.load(std::memory_order_relaxed)) continue;
+    check_finite(sample(k, Field::inputs), info_.inputs, config_, Field::inputs, indices[k]);
+    check_finite(sample(k, Field::targets), info_.targets, config_, Field::targets, indices[k]);
+    checked.store(true, std::memory_order_relaxed);
+  }
+}
+
+bool Loader::serves_views() const {
+  return file_.preloaded(config_.split) &&
+         file_.reads_directly(config_.split, Field::inputs) &&
+         file_.reads_directly(config_.split, Field::targets);
+}
+
+BatchView Loader::batch_view(std::size_t epoch, std::size_t step, std::size_t replica) const {
+  check_position(step, replica);
+  if (!serves_views()) {
+    throw std::logic_error("loader: batch_view on '" + config_.path + "' split '" +
+                           config_.split +
+                           "', which is compressed or was not preloaded; use batch()");
+  }
+  const auto order = epoch_order(epoch);
+  const std::size_t per_batch = config_.samples_per_step;
+  std::vector<std::size_t> indices(per_batch);
+  for (std::size_t k = 0; k < per_batch; ++k)
+    indices[k] = (*order)[(step * per_batch + k) * config_.replicas + replica];
+  BatchView view;
+  view.epoch = epoch;
+  view.step = step;
+  view.replica = replica;
+  for (const auto& [array, spec, field] :
+       {std::tuple{&view.inputs, &info_.inputs, Field::inputs},
+        std::tuple{&view.targets, &info_.targets, Field::targets}}) {
+    array->dtype = spec->dtype;
+    array->shape = {per_batch};
+    array->shape.insert(array->shape.end(), spec->sample_shape.begin(), spec->sample_shape.end());
+    file_.mapped_samples(config_.split, field, indices, array->samples);
+  }
+  check_samples(indices, [&](std::size_t k, Field field) {
+    return field == Field::inputs ? view.inputs.samples[k] : view.targets.samples[k];
+  });
+  return view;
 }
 
 std::vector<std::byte> Loader::take_buffer(std::size_t bytes) const {
@@ -404,6 +463,7 @@ void Loader::recycle(Batch&& batch) const {
 
 Batch Loader::batch(std::size_t epoch, std::size_t step, std::size_t replica) const {
   check_position(step, replica);
+  start_prefetcher();
   if (prefetcher_) {
     Batch batch;
     if (prefetcher_->take(static_cast<std::uint64_t>(epoch) * steps_per_epoch_ + step, replica,

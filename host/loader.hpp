@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -49,6 +50,21 @@ struct Batch {
   HostArray inputs, targets;  // [samples_per_step, sample_shape...]
 };
 
+// One array of a BatchView: its samples where they lie in the loader's read-only mapping of the
+// file, one span per sample in batch order.
+struct ArrayView {
+  DType dtype = DType::f32;
+  std::vector<std::size_t> shape;  // [samples_per_step, sample_shape...]
+  std::vector<std::span<const std::byte>> samples;
+};
+
+// A batch that is not copied out of the file: a gather write sends each sample from the file's
+// pages straight into a socket. Valid while the loader lives.
+struct BatchView {
+  std::size_t epoch = 0, step = 0, replica = 0;
+  ArrayView inputs, targets;
+};
+
 // Ordering of one epoch:
 //   1. permutation p of 0..samples-1: identity without shuffle, else a Fisher-Yates shuffle
 //      driven by std::mt19937_64 seeded from (seed, epoch) -- the same on every platform;
@@ -84,6 +100,16 @@ class Loader {
   // Safe to call from several threads (e.g. one feeder per replica).
   Batch batch(std::size_t epoch, std::size_t step, std::size_t replica) const;
 
+  // True if batch_view serves this loader: both arrays are read from the file's mapping
+  // (uncompressed) and the split was preloaded. A split too large to preload is better served by
+  // batch(), whose background readers take the page faults ahead of the sender.
+  bool serves_views() const;
+  // The same samples as batch(epoch, step, replica), in the same order, as views into the
+  // mapping (see BatchView); each sample is checked for NaN and infinity the first time, as in
+  // batch(). No background reader is involved: there is nothing to copy ahead. Throws
+  // std::logic_error if !serves_views().
+  BatchView batch_view(std::size_t epoch, std::size_t step, std::size_t replica) const;
+
   // Gives a batch's buffers back once its data has been sent or copied: later batches are read
   // into them instead of into freshly allocated memory, whose first touch costs a page fault
   // per 4 KiB. Optional; a batch that is never given back is simply freed.
@@ -116,6 +142,11 @@ class Loader {
   mutable std::shared_ptr<const std::vector<std::size_t>> cached_order_;
   mutable std::size_t previous_epoch_ = 0;
   mutable std::shared_ptr<const std::vector<std::size_t>> previous_order_;
+  // Scans file samples `indices` (sample(k, field) gives the bytes of indices[k]) for NaN and
+  // infinity unless an earlier call found them finite; DatasetError on the first bad one.
+  void check_samples(
+      std::span<const std::size_t> indices,
+      const std::function<std::span<const std::byte>(std::size_t, Field)>& sample) const;
   // A buffer of exactly `bytes` bytes, from the recycled ones when one fits.
   std::vector<std::byte> take_buffer(std::size_t bytes) const;
   mutable std::mutex spare_mutex_;
@@ -124,7 +155,10 @@ class Loader {
   std::unique_ptr<std::atomic<bool>[]> finite_checked_;
   mutable std::mutex stats_mutex_;
   mutable Stats stats_;
-  std::unique_ptr<Prefetcher> prefetcher_;  // last: stopped before the rest is destroyed
+  // Started by the first batch() call (a loader serving only views needs no reader).
+  void start_prefetcher() const;
+  mutable std::once_flag prefetcher_started_;
+  mutable std::unique_ptr<Prefetcher> prefetcher_;  // last: stopped before the rest is destroyed
 };
 
 // A permutation of 0..count-1 from a Fisher-Yates shuffle driven by mt19937_64 seeded from

@@ -123,10 +123,19 @@ void Connection::recycle(std::vector<std::byte>&& buffer) {
 
 void Connection::write(FrameKind kind, const FrameView& frame) {
   const std::vector<std::byte> head = encode_frame_head(kind, frame);
-  const std::uint32_t trailer = frame_trailer(head, frame.bytes);
-  const std::array<boost::asio::const_buffer, 3> pieces = {
-      boost::asio::buffer(head), boost::asio::buffer(frame.bytes.data(), frame.bytes.size()),
-      boost::asio::buffer(&trailer, sizeof(trailer))};
+  const std::uint32_t trailer = frame_trailer(head, frame);
+  // One gather write: the payload goes from where it lies (one buffer or many pieces) straight
+  // into the socket, with no copy into a frame buffer first.
+  std::vector<boost::asio::const_buffer> pieces;
+  pieces.reserve(frame.pieces.size() + 3);
+  pieces.push_back(boost::asio::buffer(head));
+  if (frame.pieces.empty()) {
+    pieces.push_back(boost::asio::buffer(frame.bytes.data(), frame.bytes.size()));
+  } else {
+    for (const std::span<const std::byte> piece : frame.pieces)
+      pieces.push_back(boost::asio::buffer(piece.data(), piece.size()));
+  }
+  pieces.push_back(boost::asio::buffer(&trailer, sizeof(trailer)));
   std::lock_guard<std::mutex> guard(write_mutex_);
   {
     std::lock_guard<std::mutex> state(mutex_);

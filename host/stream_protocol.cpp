@@ -169,14 +169,25 @@ std::string_view frame_kind_name(FrameKind kind) {
   return "unknown";
 }
 
+std::size_t FrameView::payload_bytes() const {
+  if (pieces.empty()) return bytes.size();
+  std::size_t total = 0;
+  for (const std::span<const std::byte> piece : pieces) total += piece.size();
+  return total;
+}
+
 std::vector<std::byte> encode_frame(FrameKind kind, const FrameView& frame) {
   const std::vector<std::byte> head = encode_frame_head(kind, frame);
-  const std::span<const std::byte> payload = frame.bytes;
-  const std::uint32_t trailer = frame_trailer(head, payload);
-  std::vector<std::byte> out(head.size() + payload.size() + kFrameTrailerBytes);
-  std::memcpy(out.data(), head.data(), head.size());
-  if (!payload.empty()) std::memcpy(out.data() + head.size(), payload.data(), payload.size());
-  std::memcpy(out.data() + head.size() + payload.size(), &trailer, kFrameTrailerBytes);
+  const std::uint32_t trailer = frame_trailer(head, frame);
+  std::vector<std::byte> out(head.size() + frame.payload_bytes() + kFrameTrailerBytes);
+  std::byte* at = std::copy(head.begin(), head.end(), out.data());
+  if (frame.pieces.empty()) {
+    at = std::copy(frame.bytes.begin(), frame.bytes.end(), at);
+  } else {
+    for (const std::span<const std::byte> piece : frame.pieces)
+      at = std::copy(piece.begin(), piece.end(), at);
+  }
+  std::memcpy(at, &trailer, kFrameTrailerBytes);
   return out;
 }
 
@@ -188,6 +199,13 @@ std::uint32_t frame_trailer(std::span<const std::byte> head, std::span<const std
   return crc32c(payload, crc32c(head));
 }
 
+std::uint32_t frame_trailer(std::span<const std::byte> head, const FrameView& frame) {
+  if (frame.pieces.empty()) return frame_trailer(head, frame.bytes);
+  std::uint32_t crc = crc32c(head);
+  for (const std::span<const std::byte> piece : frame.pieces) crc = crc32c(piece, crc);
+  return crc;
+}
+
 std::vector<std::byte> encode_frame_head(FrameKind kind, const FrameView& frame) {
   const std::string what = std::string(dtype_name(frame.dtype)) + shape_string(frame.shape);
   if (frame.shape.size() > kMaxFrameRank) {
@@ -195,9 +213,14 @@ std::vector<std::byte> encode_frame_head(FrameKind kind, const FrameView& frame)
                       " exceeds the stream limit of " + std::to_string(kMaxFrameRank));
   }
   const std::size_t expected = shape_elements(frame.shape) * dtype_size(frame.dtype);
-  if (frame.bytes.size() != expected) {
-    throw StreamError("cannot send " + what + ": it holds " + std::to_string(frame.bytes.size()) +
-                      " bytes but its shape needs " + std::to_string(expected));
+  if (!frame.pieces.empty() && !frame.bytes.empty()) {
+    throw StreamError("cannot send " + what +
+                      ": its payload is given both as bytes and as pieces (one or the other)");
+  }
+  if (frame.payload_bytes() != expected) {
+    throw StreamError("cannot send " + what + ": it holds " +
+                      std::to_string(frame.payload_bytes()) + " bytes but its shape needs " +
+                      std::to_string(expected));
   }
   if (expected > kMaxPayloadBytes) {
     throw StreamError("cannot send " + what + ": " + std::to_string(expected) +

@@ -73,12 +73,17 @@ struct WireFrame {
 
 // A frame whose array lies elsewhere (e.g. one micro-batch of a larger host batch): what a
 // writer needs to send it without copying the payload first.
+// The payload is `bytes`, or, when `pieces` is not empty, the pieces one after the other (e.g.
+// a batch's samples where they lie in a mapped file, sent by a gather write); not both.
 struct FrameView {
   std::uint16_t stream = 0;
   std::uint64_t step = 0;
   DType dtype = DType::f32;
   std::span<const std::size_t> shape;
   std::span<const std::byte> bytes;
+  std::span<const std::span<const std::byte>> pieces;
+
+  std::size_t payload_bytes() const;
 
   FrameView() = default;
   FrameView(const Frame& frame)  // NOLINT(google-explicit-constructor): a frame is its own view
@@ -90,6 +95,10 @@ struct FrameView {
   FrameView(std::uint16_t stream_id, std::uint64_t step_number, DType type,
             std::span<const std::size_t> dims, std::span<const std::byte> payload)
       : stream(stream_id), step(step_number), dtype(type), shape(dims), bytes(payload) {}
+  FrameView(std::uint16_t stream_id, std::uint64_t step_number, DType type,
+            std::span<const std::size_t> dims,
+            std::span<const std::span<const std::byte>> payload_pieces)
+      : stream(stream_id), step(step_number), dtype(type), shape(dims), pieces(payload_pieces) {}
 };
 
 // The bytes of one frame. Throws StreamError if the array breaks a bound or its byte count
@@ -100,6 +109,7 @@ std::vector<std::byte> encode_frame(FrameKind kind, const Frame& frame);
 // (gather write) instead of copying it: head (header and dims), frame.bytes, trailer.
 std::vector<std::byte> encode_frame_head(FrameKind kind, const FrameView& frame);
 std::uint32_t frame_trailer(std::span<const std::byte> head, std::span<const std::byte> payload);
+std::uint32_t frame_trailer(std::span<const std::byte> head, const FrameView& frame);
 
 // Fills exactly `buffer.size()` bytes or throws (StreamError on end of stream).
 using ReadExact = std::function<void(std::span<std::byte> buffer)>;

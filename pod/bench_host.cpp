@@ -45,6 +45,7 @@ struct HostBenchOptions {
   double device_ms_per_step = 0;
   bool shuffle = true;
   bool cold_cache = false;
+  bool copy_batches = false;  // send copied batches even where the loader serves views
   std::uint64_t seed = 0;
   std::optional<std::size_t> max_memory_mb{};  // the loader's default when unset
 };
@@ -132,6 +133,7 @@ struct StreamResult {
   double bytes_per_s = 0;
   double setup_seconds = 0;  // the loader's construction (the split's preload included)
   bool preloaded = false;
+  bool views = false;  // batches sent from the file's mapping (Loader::batch_view)
   double wait_fraction = 0;
   double cpu_seconds = 0;
   std::size_t bytes = 0;
@@ -180,6 +182,7 @@ StreamResult stream_epoch(const HostBenchOptions& o) {
                        .max_memory_bytes = max_memory_bytes(o)});
   const double setup_seconds = seconds_since(start);
   const std::size_t steps = loader.steps_per_epoch();
+  const bool views = !o.copy_batches && loader.serves_views();
   std::vector<std::thread> feeders;
   std::vector<std::exception_ptr> failures(2 * o.clients);
   for (std::size_t r = 0; r < o.clients; ++r) {
@@ -187,6 +190,13 @@ StreamResult stream_epoch(const HostBenchOptions& o) {
       try {
         for (std::size_t e = 0; e <= o.warm_up_epochs; ++e) {
           for (std::size_t s = 0; s < steps; ++s) {
+            if (views) {
+              const host::BatchView batch = loader.batch_view(e, s, r);
+              for (const auto& [id, array] :
+                   {std::pair{kInputStream, &batch.inputs}, {kTargetStream, &batch.targets}})
+                server.send(r, {id, e * steps + s, array->dtype, array->shape, array->samples});
+              continue;
+            }
             host::Batch batch = loader.batch(e, s, r);
             server.send(r, {kInputStream, e * steps + s, batch.inputs});
             server.send(r, {kTargetStream, e * steps + s, batch.targets});
@@ -260,6 +270,7 @@ StreamResult stream_epoch(const HostBenchOptions& o) {
   result.cpu_seconds = cpu_seconds;
   result.setup_seconds = setup_seconds;
   result.preloaded = loader.preloaded();
+  result.views = views;
   for (std::size_t c = 0; c < o.clients; ++c) {
     result.bytes += received[c];
     result.wait_fraction += waited[c] / busy[c] / static_cast<double>(o.clients);
@@ -398,8 +409,12 @@ int run_host_bench(const HostBenchOptions& o) {
                 << rate(streamed.bytes_per_s) << " (" << streamed.bytes << " bytes, "
                 << streamed.cpu_seconds << " CPU s, loader set-up " << streamed.setup_seconds
                 << " s" << (streamed.preloaded ? " (split preloaded)" : "") << "; "
-                << streamed.prefetched << " batches prefetched, " << streamed.synchronous
-                << " read synchronously), ratio " << streamed.bytes_per_s / raw
+                << (streamed.views ? std::string("batches sent from the file's mapping")
+                                   : std::to_string(streamed.prefetched) +
+                                         " batches prefetched, " +
+                                         std::to_string(streamed.synchronous) +
+                                         " read synchronously")
+                << "), ratio " << streamed.bytes_per_s / raw
                 << ", CPU-cost ratio " << cpu_ratio << ", clients waited " << std::setprecision(1)
                 << 100 * streamed.wait_fraction << "% of the time; plain TCP " << rate(tcp) << " ("
                 << std::setprecision(3) << tcp_cpu << " CPU s)"
@@ -465,6 +480,10 @@ void add_host_bench(CLI::App& bench, int& exit_code) {
       ->capture_default_str();
   host->add_option("--seed", options->seed, "Shuffle seed")->capture_default_str();
   host->add_flag("!--no-shuffle", options->shuffle, "Stream each epoch in file order");
+  host->add_flag("--copy-batches", options->copy_batches,
+                 "Copy each batch out of the file before sending it, as for compressed or "
+                 "not preloaded data (default: uncompressed preloaded samples are sent from the "
+                 "file's mapping by gather writes)");
   CLI::Option* cold = host->add_flag(
       "--cold-cache", options->cold_cache,
       "Evict the file from the page cache before each timed pass (raw read and streamed epoch), "

@@ -38,6 +38,11 @@ host::FrameView micro_batch_frame(StreamId id, std::uint64_t step, const host::H
   const std::size_t bytes = a.bytes.size() / a.shape[0] * shape[0];
   return {id, step, a.dtype, shape, std::span(a.bytes).subspan(m * bytes, bytes)};
 }
+// The same from a batch's samples in the data file's mapping.
+host::FrameView micro_batch_frame(StreamId id, std::uint64_t step, const host::ArrayView& a,
+                                  std::size_t m, const std::vector<std::size_t>& shape) {
+  return {id, step, a.dtype, shape, std::span(a.samples).subspan(m * shape[0], shape[0])};
+}
 
 std::vector<std::size_t> every_index(std::size_t n) {
   std::vector<std::size_t> all(n);
@@ -434,13 +439,23 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
         for (std::size_t e = startup.resume_epoch; e < c.epochs; ++e) {
           const std::size_t first = e == startup.resume_epoch ? startup.resume_step : 0;
           for (std::size_t s = first; s < startup.train_steps; ++s, ++step) {
-            host::Batch b = train->batch(e, s, r);
-            std::vector<std::size_t> input_shape = b.inputs.shape, label_shape = b.targets.shape;
-            input_shape[0] = label_shape[0] = c.micro_batch;
-            for (std::size_t m = 0; m < micro_batches_per_step; ++m) {
-              server->send(r, micro_batch_frame(kInputFrames, step, b.inputs, m, input_shape));
-              server->send(r, micro_batch_frame(kLabelFrames, step, b.targets, m, label_shape));
+            // Uncompressed preloaded data goes from the file's pages into the socket; other
+            // data is copied out of the file by the loader's readers first.
+            const auto send = [&](const auto& inputs, const auto& targets) {
+              std::vector<std::size_t> input_shape = inputs.shape, label_shape = targets.shape;
+              input_shape[0] = label_shape[0] = c.micro_batch;
+              for (std::size_t m = 0; m < micro_batches_per_step; ++m) {
+                server->send(r, micro_batch_frame(kInputFrames, step, inputs, m, input_shape));
+                server->send(r, micro_batch_frame(kLabelFrames, step, targets, m, label_shape));
+              }
+            };
+            if (train->serves_views()) {
+              const host::BatchView b = train->batch_view(e, s, r);
+              send(b.inputs, b.targets);
+              continue;
             }
+            host::Batch b = train->batch(e, s, r);
+            send(b.inputs, b.targets);
             train->recycle(std::move(b));
           }
           for (std::size_t t = 0; t < startup.test_steps; ++t) {

@@ -366,6 +366,37 @@ TEST(Dataset, PreloadKeepsToItsLimitAndReadsTheSame) {
   EXPECT_THROW(direct.preload("validation", SIZE_MAX), DatasetError);
 }
 
+TEST(Dataset, MappedSamplesAreTheRowsReadCopies) {
+  TempDir dir;
+  const auto [plain, packed] = write_plain_and_packed(dir);
+  const DatasetFile direct(plain), compressed(packed);
+  const std::vector<std::size_t> indices{99, 0, 6, 7, 7, 13, 64};
+  for (const Field field : {Field::inputs, Field::targets}) {
+    std::vector<std::span<const std::byte>> samples;
+    ASSERT_TRUE(direct.mapped_samples("train", field, indices, samples));
+    ASSERT_EQ(samples.size(), indices.size());
+    const HostArray copied = field == Field::inputs ? direct.read_inputs("train", indices)
+                                                    : direct.read_targets("train", indices);
+    const std::size_t row = copied.bytes.size() / indices.size();
+    for (std::size_t k = 0; k < indices.size(); ++k) {
+      ASSERT_EQ(samples[k].size(), row);
+      EXPECT_TRUE(std::equal(samples[k].begin(), samples[k].end(), copied.bytes.begin() + k * row))
+          << field_name(field) << " sample " << indices[k];
+    }
+    // Compressed arrays have no mapped rows; `samples` is left as it was.
+    EXPECT_FALSE(compressed.mapped_samples("train", field, indices, samples));
+    EXPECT_EQ(samples.size(), indices.size());
+  }
+  std::vector<std::span<const std::byte>> samples;
+  const std::vector<std::size_t> beyond{5};
+  EXPECT_THROW(direct.mapped_samples("test", Field::inputs, beyond, samples), std::out_of_range);
+  EXPECT_THROW(direct.mapped_samples("validation", Field::inputs, indices, samples),
+               DatasetError);
+  // A file shrunk under the mapping is an error, not a later SIGBUS.
+  std::filesystem::resize_file(plain, 2048);
+  EXPECT_THROW(direct.mapped_samples("train", Field::inputs, indices, samples), DatasetError);
+}
+
 TEST(DatasetErrors, FileTruncatedWhileOpenIsReportedNotACrash) {
   // Direct reads copy rows out of a mapping of the file; reading a page that the file no longer
   // has would kill the process (SIGBUS), so a shrunken file must be an error instead.

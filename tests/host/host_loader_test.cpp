@@ -162,6 +162,46 @@ TEST(Loader, PreloadedSplitGivesTheSameBatches) {
   }
 }
 
+// The bytes a view's samples hold, one after the other.
+std::vector<std::byte> joined(const ArrayView& view) {
+  std::vector<std::byte> bytes;
+  for (const std::span<const std::byte> sample : view.samples)
+    bytes.insert(bytes.end(), sample.begin(), sample.end());
+  return bytes;
+}
+
+TEST(Loader, ViewsHoldTheSameSamplesAsBatches) {
+  TempDir dir;
+  const std::string path = write_indexed(dir, 100);
+  Loader loader({.path = path, .replicas = 3, .samples_per_step = 4, .seed = 11});
+  ASSERT_TRUE(loader.serves_views());
+  for (std::size_t e = 0; e < 2; ++e) {
+    for (std::size_t s = 0; s < loader.steps_per_epoch(); ++s) {
+      for (std::size_t r = 0; r < 3; ++r) {
+        const BatchView view = loader.batch_view(e, s, r);
+        const Batch batch = loader.batch(e, s, r);
+        EXPECT_EQ(view.epoch, e);
+        EXPECT_EQ(view.step, s);
+        EXPECT_EQ(view.replica, r);
+        ASSERT_EQ(view.inputs.samples.size(), 4u);
+        EXPECT_EQ(view.inputs.shape, batch.inputs.shape);
+        EXPECT_EQ(view.targets.shape, batch.targets.shape);
+        EXPECT_EQ(view.inputs.dtype, DType::f32);
+        EXPECT_EQ(view.targets.dtype, DType::i32);
+        EXPECT_EQ(joined(view.inputs), batch.inputs.bytes) << e << " " << s << " " << r;
+        EXPECT_EQ(joined(view.targets), batch.targets.bytes) << e << " " << s << " " << r;
+      }
+    }
+  }
+  EXPECT_THROW(loader.batch_view(0, loader.steps_per_epoch(), 0), std::out_of_range);
+  EXPECT_THROW(loader.batch_view(0, 0, 3), std::out_of_range);
+
+  // A split that is not preloaded is not served as views (its readers fault pages ahead).
+  Loader faulted({.path = path, .replicas = 3, .samples_per_step = 4, .max_memory_bytes = 0});
+  EXPECT_FALSE(faulted.serves_views());
+  EXPECT_THROW(faulted.batch_view(0, 0, 0), std::logic_error);
+}
+
 TEST(Loader, PrefetchServesAnyRequestOrder) {
   TempDir dir;
   const std::string path = write_indexed(dir, 90);
@@ -246,6 +286,18 @@ TEST(LoaderErrors, NaNInInputsNamesSplitSampleAndElement) {
           << message;
       EXPECT_NE(message.find("is NaN"), std::string::npos) << message;
     }
+  }
+  // Views are checked the same way.
+  Loader viewed({.path = path, .replicas = 2, .samples_per_step = 4, .shuffle = false});
+  ASSERT_TRUE(viewed.serves_views());
+  EXPECT_NO_THROW(viewed.batch_view(0, 4, 0));
+  try {
+    viewed.batch_view(0, 4, 1);
+    FAIL() << "expected DatasetError";
+  } catch (const DatasetError& error) {
+    EXPECT_NE(std::string(error.what()).find("inputs of sample 37, element 5 (position [1,2]"),
+              std::string::npos)
+        << error.what();
   }
   Loader unchecked({.path = path,
                     .replicas = 2,

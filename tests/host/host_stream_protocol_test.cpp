@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "host/stream_protocol.hpp"
 
@@ -127,6 +128,35 @@ TEST(StreamProtocol, RoundTrip) {
   const WireFrame close = decode_frame(encode_frame(FrameKind::close, {0, 0, text_array("bye")}));
   EXPECT_EQ(close.kind, FrameKind::close);
   EXPECT_EQ(array_text(close.frame.array), "bye");
+}
+
+TEST(StreamProtocol, PayloadInPiecesEncodesAsOneBuffer) {
+  const Frame frame = sample_frame();
+  const std::span<const std::byte> payload(frame.array.bytes);
+  // Pieces of unequal sizes, an empty one among them, as a gather of samples would give.
+  const std::vector<std::span<const std::byte>> pieces = {
+      payload.subspan(0, 4), payload.subspan(4, 0), payload.subspan(4, 12), payload.subspan(16)};
+  const FrameView gathered(frame.stream, frame.step, frame.array.dtype, frame.array.shape, pieces);
+  EXPECT_EQ(gathered.payload_bytes(), payload.size());
+  const std::vector<std::byte> expected = encode_frame(FrameKind::data, frame);
+  EXPECT_EQ(encode_frame(FrameKind::data, gathered), expected);
+  const std::vector<std::byte> head = encode_frame_head(FrameKind::data, gathered);
+  EXPECT_EQ(frame_trailer(head, gathered), frame_trailer(head, payload));
+  EXPECT_EQ(decode_frame(expected).frame.array.bytes, frame.array.bytes);
+
+  // Too few bytes in the pieces for the shape, and a payload given both ways, are refused.
+  const std::vector<std::span<const std::byte>> short_pieces = {payload.subspan(0, 20)};
+  try {
+    encode_frame(FrameKind::data, FrameView(3, 0, DType::f32, frame.array.shape, short_pieces));
+    FAIL() << "a short payload was encoded";
+  } catch (const StreamError& error) {
+    EXPECT_NE(std::string(error.what()).find("holds 20 bytes but its shape needs 24"),
+              std::string::npos)
+        << error.what();
+  }
+  FrameView both = gathered;
+  both.bytes = payload;
+  EXPECT_THROW(encode_frame(FrameKind::data, both), StreamError);
 }
 
 TEST(StreamProtocol, CorruptCrcIsRejected) {

@@ -2,6 +2,8 @@
 // credit backpressure, authentication, and bounded waits when a peer is missing or gone.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+
+#include <numeric>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -151,6 +153,38 @@ TEST(Stream, TwoClientsRoundTripBothWays) {
       EXPECT_EQ(frame.step, step);
       EXPECT_EQ(frame.array.as<std::int32_t>()[0], static_cast<std::int32_t>(100 + c));
     }
+  }
+}
+
+TEST(Stream, PiecesArriveAsOneArray) {
+  const std::string secret = make_secret();
+  StreamServer server(server_config(secret, 1));
+  auto pending = std::async(std::launch::async, [&] {
+    return std::make_unique<StreamClient>(client_config(server.port(), secret, 0));
+  });
+  server.accept_clients();
+  const std::unique_ptr<StreamClient> client = pending.get();
+  // 300 rows of 5 int32 from scattered places of one buffer (more pieces than one gather write
+  // system call takes), in reverse order.
+  const HostArray source = HostArray::from_values<std::int32_t>(
+      {600, 5}, [] {
+        std::vector<std::int32_t> values(3000);
+        std::iota(values.begin(), values.end(), 0);
+        return values;
+      }());
+  const std::span<const std::byte> all(source.bytes);
+  std::vector<std::span<const std::byte>> rows;
+  for (std::size_t r = 300; r-- > 0;) rows.push_back(all.subspan(2 * r * 20, 20));
+  const std::vector<std::size_t> shape = {300, 5};
+  server.send(0, FrameView(4, 9, DType::i32, shape, rows));
+  const Frame frame = client->receive();
+  EXPECT_EQ(frame.stream, 4);
+  EXPECT_EQ(frame.step, 9u);
+  ASSERT_EQ(frame.array.shape, shape);
+  const std::span<const std::int32_t> got = frame.array.as<std::int32_t>();
+  for (std::size_t k = 0; k < 300; ++k) {
+    for (std::size_t j = 0; j < 5; ++j)
+      ASSERT_EQ(got[5 * k + j], static_cast<std::int32_t>(10 * (299 - k) + j)) << k << "," << j;
   }
 }
 
