@@ -411,6 +411,29 @@ void DatasetFile::read_samples(const std::string& split, Field field,
   impl_->read_samples(split, field, reads);
 }
 
+void DatasetFile::read_ahead(const std::string& split, std::size_t first, std::size_t count) const {
+  const SplitIn& in = impl_->split(split);
+  if (count == 0 || first >= in.samples) return;
+  count = std::min(count, in.samples - first);
+  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  for (const ArrayIn* array : {&in.inputs, &in.targets}) {
+    if (!array->direct) continue;
+    // Rows of one block lie together; a run of rows may cross into the next block.
+    for (std::size_t row = first; row < first + count;) {
+      const std::size_t block = row / array->layout.rows_per_block;
+      const std::size_t end_row =
+          std::min(first + count, (block + 1) * array->layout.rows_per_block);
+      const std::uint64_t begin = impl_->mapped_row(*array, row).data() - impl_->map;
+      const std::uint64_t end = begin + (end_row - row) * array->layout.row_bytes;
+      const std::uint64_t from = begin / page * page;
+      const std::uint64_t to =
+          std::min<std::uint64_t>((end + page - 1) / page * page, impl_->map_bytes);
+      ::madvise(const_cast<std::byte*>(impl_->map + from), to - from, MADV_WILLNEED);
+      row = end_row;
+    }
+  }
+}
+
 bool DatasetFile::mapped_samples(const std::string& split, Field field,
                                  std::span<const std::size_t> indices,
                                  std::vector<std::span<const std::byte>>& out) const {

@@ -90,6 +90,10 @@ class DatasetFile {
   // read from this file.
   bool preload(const std::string& split, std::size_t max_bytes);
   bool preloaded(const std::string& split) const;
+  // Asks the system to start reading the file pages of rows [first, first + count) of both
+  // arrays of the split (those read from the mapping) and returns at once: a reader that
+  // reaches them later finds them in memory or on their way. Safe from several threads.
+  void read_ahead(const std::string& split, std::size_t first, std::size_t count) const;
 
   std::map<std::string, std::string> attributes() const;  // root string attributes
   std::map<std::string, double> split_attributes(const std::string& split) const;  // numeric

@@ -234,6 +234,30 @@ std::vector<std::size_t> epoch_permutation(std::size_t count, std::uint64_t seed
   return order;
 }
 
+std::vector<std::size_t> windowed_permutation(std::size_t count, std::size_t window,
+                                              std::uint64_t seed, std::uint64_t epoch) {
+  if (window == 0) throw std::invalid_argument("windowed_permutation: window must be at least 1");
+  const std::size_t blocks = (count + kShuffleBlockSamples - 1) / kShuffleBlockSamples;
+  const std::size_t window_blocks = (window + kShuffleBlockSamples - 1) / kShuffleBlockSamples;
+  const std::vector<std::size_t> block_order = epoch_permutation(blocks, seed, epoch);
+  std::vector<std::size_t> order;
+  order.reserve(count);
+  // A stream of its own: not the one that ordered the blocks.
+  std::mt19937_64 engine(mix(seed ^ mix(epoch ^ 0x5748554646'4C4557ULL)));
+  for (std::size_t first = 0; first < blocks; first += window_blocks) {
+    const std::size_t start = order.size();
+    for (std::size_t b = first; b < std::min(blocks, first + window_blocks); ++b) {
+      const std::size_t begin = block_order[b] * kShuffleBlockSamples;
+      for (std::size_t i = begin; i < std::min(count, begin + kShuffleBlockSamples); ++i)
+        order.push_back(i);
+    }
+    for (std::size_t i = order.size() - start; i > 1; --i) {
+      std::swap(order[start + i - 1], order[start + uniform_below(engine, i)]);
+    }
+  }
+  return order;
+}
+
 std::size_t default_max_memory_bytes() {
   const long pages = ::sysconf(_SC_PHYS_PAGES);
   const long page_bytes = ::sysconf(_SC_PAGESIZE);
@@ -259,7 +283,15 @@ Loader::Loader(LoaderConfig config) : config_(std::move(config)), file_(config_.
                        " samples per step); use fewer replicas, a smaller batch or more data");
   }
   finite_checked_ = std::make_unique<std::atomic<bool>[]>(info_.samples);
-  file_.preload(config_.split, config_.max_memory_bytes.value_or(default_max_memory_bytes()));
+  if (config_.shuffle && config_.shuffle_window > 0) {
+    // Each window's blocks are read ahead as the epoch reaches them.
+    read_ahead_epoch_ = std::make_unique<std::atomic<std::uint64_t>[]>(
+        (info_.samples + kShuffleBlockSamples - 1) / kShuffleBlockSamples);
+  } else if (config_.shuffle) {
+    // A whole-split shuffle needs samples from all over the file from its first step on.
+    file_.preload(config_.split, config_.max_memory_bytes.value_or(default_max_memory_bytes()));
+  }
+  // In file order, the system's own read-ahead of sequential page faults serves.
 }
 
 void Loader::start_prefetcher() const {
@@ -288,7 +320,9 @@ std::shared_ptr<const std::vector<std::size_t>> Loader::epoch_order(std::size_t 
     previous_order_ = std::move(cached_order_);
     previous_epoch_ = cached_epoch_;
     std::vector<std::size_t> order;
-    if (config_.shuffle) {
+    if (config_.shuffle && config_.shuffle_window > 0) {
+      order = windowed_permutation(info_.samples, config_.shuffle_window, config_.seed, epoch);
+    } else if (config_.shuffle) {
       order = epoch_permutation(info_.samples, config_.seed, epoch);
     } else {
       order.resize(info_.samples);
@@ -330,6 +364,7 @@ std::vector<Batch> Loader::read_batches(std::size_t epoch, std::size_t step,
                                         std::vector<std::exception_ptr>& errors) const {
   const auto order = epoch_order(epoch);
   const std::size_t per_batch = config_.samples_per_step;
+  if (read_ahead_epoch_) read_ahead(epoch, *order, step * per_batch * config_.replicas);
   std::vector<Batch> batches(replicas.size());
   std::vector<std::vector<std::size_t>> indices(replicas.size());
   std::vector<SampleRead> inputs, targets;
@@ -400,16 +435,14 @@ void Loader::check_samples(
 }
 
 bool Loader::serves_views() const {
-  return file_.preloaded(config_.split) &&
-         file_.reads_directly(config_.split, Field::inputs) &&
+  return file_.preloaded(config_.split) && file_.reads_directly(config_.split, Field::inputs) &&
          file_.reads_directly(config_.split, Field::targets);
 }
 
 BatchView Loader::batch_view(std::size_t epoch, std::size_t step, std::size_t replica) const {
   check_position(step, replica);
   if (!serves_views()) {
-    throw std::logic_error("loader: batch_view on '" + config_.path + "' split '" +
-                           config_.split +
+    throw std::logic_error("loader: batch_view on '" + config_.path + "' split '" + config_.split +
                            "', which is compressed or was not preloaded; use batch()");
   }
   const auto order = epoch_order(epoch);
@@ -433,6 +466,28 @@ BatchView Loader::batch_view(std::size_t epoch, std::size_t step, std::size_t re
     return field == Field::inputs ? view.inputs.samples[k] : view.targets.samples[k];
   });
   return view;
+}
+
+void Loader::read_ahead(std::size_t epoch, const std::vector<std::size_t>& order,
+                        std::size_t from) const {
+  const std::size_t to = std::min(
+      order.size(), from + config_.shuffle_window + config_.samples_per_step * config_.replicas);
+  std::vector<std::size_t> blocks;
+  for (std::size_t p = from; p < to; ++p) {
+    const std::size_t block = order[p] / kShuffleBlockSamples;
+    std::atomic<std::uint64_t>& asked = read_ahead_epoch_[block];
+    // Exactly one caller asks for a block in an epoch, whichever reader gets there first.
+    std::uint64_t was = asked.load(std::memory_order_relaxed);
+    while (was != epoch + 1 && !asked.compare_exchange_weak(was, epoch + 1)) {
+    }
+    if (was != epoch + 1) blocks.push_back(block);
+  }
+  // In file order: the device reads them as one pass over that stretch of the file.
+  std::sort(blocks.begin(), blocks.end());
+  for (const std::size_t block : blocks) {
+    const std::size_t first = block * kShuffleBlockSamples;
+    file_.read_ahead(config_.split, first, std::min(kShuffleBlockSamples, info_.samples - first));
+  }
 }
 
 std::vector<std::byte> Loader::take_buffer(std::size_t bytes) const {

@@ -27,6 +27,13 @@ struct LoaderConfig {
   // Per replica per host step: micro-batch x gradient accumulation x device iterations.
   std::size_t samples_per_step = 1;
   bool shuffle = true;
+  // With shuffle: 0 shuffles the whole split each epoch (any sample can come next). N > 0
+  // shuffles in windows of N samples, for splits larger than memory: blocks of
+  // kShuffleBlockSamples consecutive samples are taken in a shuffled order, and the samples of
+  // each run of ceil(N / kShuffleBlockSamples) such blocks are shuffled together (as a shuffle
+  // buffer of N samples would). A window's blocks are whole stretches of the file, read ahead
+  // while the window before streams, where a whole-split shuffle must first read the split.
+  std::size_t shuffle_window = 0;
   std::uint64_t seed = 0;
   // Host steps (every replica's batch of a step) a background reader keeps ready ahead of the
   // batch() calls; 0 reads synchronously inside batch(). Memory: prefetch_steps global batches.
@@ -34,11 +41,12 @@ struct LoaderConfig {
   // Background reader threads (with prefetch_steps > 0): each reads whole steps, so more than one
   // keeps up when copying samples out of the file is slower than streaming them on.
   std::size_t reader_threads = 1;
-  // The split's pages are read into memory at the start (DatasetFile::preload), in file order,
-  // when they take at most this many bytes (nullopt: half of the machine's physical memory;
-  // 0: never). A shuffled epoch needs samples from all over the file from its first step on, so
-  // reading it all first loses nothing, and random page faults on a file that is not in the
-  // page cache cost many times a sequential pass. A larger split is faulted in as it is read.
+  // With a whole-split shuffle, the split's pages are read into memory at the start
+  // (DatasetFile::preload), in file order, when they take at most this many bytes (nullopt: half of
+  // the machine's physical memory; 0: never). A shuffled epoch needs samples from all over the file
+  // from its first step on, so reading it all first loses nothing, and random page faults on a file
+  // that is not in the page cache cost many times a sequential pass. A larger split is faulted in
+  // as it is read.
   std::optional<std::size_t> max_memory_bytes{};
   // NaN or infinity in a float array of a batch is a DatasetError naming split, sample, element.
   // Each sample is scanned the first time this loader reads it (the file does not change).
@@ -151,6 +159,11 @@ class Loader {
   std::vector<std::byte> take_buffer(std::size_t bytes) const;
   mutable std::mutex spare_mutex_;
   mutable std::vector<std::vector<std::byte>> spare_;
+  // Windowed shuffle: asks the system to read the blocks of the samples at order positions
+  // [from, from + window + one global batch) that it has not been asked for this epoch.
+  void read_ahead(std::size_t epoch, const std::vector<std::size_t>& order, std::size_t from) const;
+  // Per block of kShuffleBlockSamples: 1 + the last epoch it was read ahead for.
+  std::unique_ptr<std::atomic<std::uint64_t>[]> read_ahead_epoch_;
   // Per sample of the split: already found finite (see LoaderConfig::check_finite).
   std::unique_ptr<std::atomic<bool>[]> finite_checked_;
   mutable std::mutex stats_mutex_;
@@ -165,6 +178,16 @@ class Loader {
 // (seed, epoch). Exposed for tests and for tools that want to reproduce the loader's order.
 std::vector<std::size_t> epoch_permutation(std::size_t count, std::uint64_t seed,
                                            std::uint64_t epoch);
+
+// Consecutive samples a windowed shuffle keeps together (see LoaderConfig::shuffle_window).
+inline constexpr std::size_t kShuffleBlockSamples = 256;
+
+// The order of a windowed shuffle of `window` samples (> 0): the blocks of kShuffleBlockSamples
+// (the last one may be shorter) in the order epoch_permutation(blocks, seed, epoch) gives, cut
+// into windows of ceil(window / kShuffleBlockSamples) blocks; each window's samples shuffled by
+// Fisher-Yates with one mt19937_64 seeded from (seed, epoch) and a constant, window after window.
+std::vector<std::size_t> windowed_permutation(std::size_t count, std::size_t window,
+                                              std::uint64_t seed, std::uint64_t epoch);
 
 // Half of the machine's physical memory: the default of LoaderConfig::max_memory_bytes.
 std::size_t default_max_memory_bytes();

@@ -44,6 +44,7 @@ struct HostBenchOptions {
   std::size_t warm_up_epochs = 1;
   double device_ms_per_step = 0;
   bool shuffle = true;
+  std::size_t shuffle_window = 0;
   bool cold_cache = false;
   bool copy_batches = false;  // send copied batches even where the loader serves views
   std::uint64_t seed = 0;
@@ -176,6 +177,7 @@ StreamResult stream_epoch(const HostBenchOptions& o) {
                        .replicas = o.clients,
                        .samples_per_step = o.samples_per_step,
                        .shuffle = o.shuffle,
+                       .shuffle_window = o.shuffle_window,
                        .seed = o.seed,
                        .prefetch_steps = o.prefetch_steps,
                        .reader_threads = o.reader_threads,
@@ -349,6 +351,11 @@ int run_host_bench(const HostBenchOptions& o) {
                  "at least 1\n";
     return 2;
   }
+  if (o.shuffle_window > 0 && !o.shuffle) {
+    std::cerr << "ipupod bench host: --shuffle-window shuffles in windows, --no-shuffle streams "
+                 "in file order; drop one of them\n";
+    return 2;
+  }
   std::size_t frame_bytes = 0;  // one replica's inputs per host step, the largest frame
   try {
     const host::DatasetFile file(o.data);
@@ -363,7 +370,11 @@ int run_host_bench(const HostBenchOptions& o) {
               << " samples of " << host::dtype_name(info.inputs.dtype)
               << host::shape_string(info.inputs.sample_shape) << "; " << o.clients
               << " clients over loopback TCP, " << o.samples_per_step
-              << " samples per replica step, " << (o.shuffle ? "shuffled" : "in file order")
+              << " samples per replica step, "
+              << (!o.shuffle ? std::string("in file order")
+                  : o.shuffle_window == 0
+                      ? std::string("whole split shuffled")
+                      : "shuffled in windows of " + std::to_string(o.shuffle_window) + " samples")
               << ", prefetch " << o.prefetch_steps << " steps by " << o.reader_threads
               << " threads, " << o.credits << " credits; " << o.warm_up_epochs
               << " warm-up epoch(s) per run"
@@ -374,7 +385,9 @@ int run_host_bench(const HostBenchOptions& o) {
               << (file.reads_directly(o.split, host::Field::inputs) ? "directly (mapped file)"
                                                                     : "through HDF5")
               << (!file.reads_directly(o.split, host::Field::inputs) ? std::string()
-                  : split_bytes <= max_memory_bytes(o)
+                  : o.shuffle && o.shuffle_window > 0
+                      ? std::string(", each window's blocks read ahead")
+                  : o.shuffle && split_bytes <= max_memory_bytes(o)
                       ? ", the split's " + std::to_string(split_bytes >> 20) +
                             " MiB preloaded at the loader's start"
                       : std::string(", pages faulted in as read"))
@@ -389,8 +402,13 @@ int run_host_bench(const HostBenchOptions& o) {
     for (std::size_t run = 0; run < o.runs; ++run) {
       std::size_t raw_bytes = 0;
       double raw_cpu = 0;
-      const double raw = raw_read_bytes_per_s(o, raw_bytes, raw_cpu);
-      const StreamResult streamed = stream_epoch(o);
+      // Which goes first alternates from run to run, so that a drift of the machine (another
+      // job starting, a virtual disk slowing down after a burst) weighs on both alike.
+      double raw = 0;
+      StreamResult streamed;
+      if (run % 2 == 0) raw = raw_read_bytes_per_s(o, raw_bytes, raw_cpu);
+      streamed = stream_epoch(o);
+      if (run % 2 == 1) raw = raw_read_bytes_per_s(o, raw_bytes, raw_cpu);
       double tcp_cpu = 0;
       const double tcp = plain_tcp_bytes_per_s(o, streamed.bytes / o.clients, frame_bytes, tcp_cpu);
       raw_rates.push_back(raw);
@@ -409,15 +427,14 @@ int run_host_bench(const HostBenchOptions& o) {
                 << rate(streamed.bytes_per_s) << " (" << streamed.bytes << " bytes, "
                 << streamed.cpu_seconds << " CPU s, loader set-up " << streamed.setup_seconds
                 << " s" << (streamed.preloaded ? " (split preloaded)" : "") << "; "
-                << (streamed.views ? std::string("batches sent from the file's mapping")
-                                   : std::to_string(streamed.prefetched) +
-                                         " batches prefetched, " +
-                                         std::to_string(streamed.synchronous) +
-                                         " read synchronously")
-                << "), ratio " << streamed.bytes_per_s / raw
-                << ", CPU-cost ratio " << cpu_ratio << ", clients waited " << std::setprecision(1)
-                << 100 * streamed.wait_fraction << "% of the time; plain TCP " << rate(tcp) << " ("
-                << std::setprecision(3) << tcp_cpu << " CPU s)"
+                << (streamed.views
+                        ? std::string("batches sent from the file's mapping")
+                        : std::to_string(streamed.prefetched) + " batches prefetched, " +
+                              std::to_string(streamed.synchronous) + " read synchronously")
+                << "), ratio " << streamed.bytes_per_s / raw << ", CPU-cost ratio " << cpu_ratio
+                << ", clients waited " << std::setprecision(1) << 100 * streamed.wait_fraction
+                << "% of the time; plain TCP " << rate(tcp) << " (" << std::setprecision(3)
+                << tcp_cpu << " CPU s)"
                 << ", streamed/plain TCP " << std::setprecision(3) << streamed.bytes_per_s / tcp
                 << std::endl;
     }
@@ -480,6 +497,10 @@ void add_host_bench(CLI::App& bench, int& exit_code) {
       ->capture_default_str();
   host->add_option("--seed", options->seed, "Shuffle seed")->capture_default_str();
   host->add_flag("!--no-shuffle", options->shuffle, "Stream each epoch in file order");
+  host->add_option("--shuffle-window", options->shuffle_window,
+                   "Shuffle in windows of N samples (as `ipupod train --shuffle-window`; 0: the "
+                   "whole split)")
+      ->capture_default_str();
   host->add_flag("--copy-batches", options->copy_batches,
                  "Copy each batch out of the file before sending it, as for compressed or "
                  "not preloaded data (default: uncompressed preloaded samples are sent from the "

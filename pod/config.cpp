@@ -43,6 +43,9 @@ void validate(const TrainConfig& c, int world_size) {
   positive(c.gradient_accumulation, "--gradient-accumulation");
   positive(c.device_iterations, "--device-iterations");
   positive(c.epochs, "--epochs");
+  if (c.shuffle_window > 0 && !c.shuffle)
+    throw UsageError("--shuffle-window " + std::to_string(c.shuffle_window) +
+                     " shuffles in windows, --no-shuffle reads in file order; drop one of them");
   if (c.data.empty()) throw UsageError("--data is required: an HDF5 file made by `ipupod data`");
   bool known_model = false;
   std::string models;
@@ -144,6 +147,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"replicated_tensor_sharding", c.replicated_tensor_sharding},
           {"seed", c.seed},
           {"shuffle", c.shuffle},
+          {"shuffle_window", c.shuffle_window},
           {"global_batch", c.global_batch()}};
 }
 
@@ -173,11 +177,15 @@ std::vector<std::string> resume_differences(const TrainConfig& c, const nlohmann
                                        "loss_scaling",
                                        "stochastic_rounding",
                                        "seed",
-                                       "shuffle"};
+                                       "shuffle",
+                                       "shuffle_window"};
   const nlohmann::json now = config_json(c);
   std::vector<std::string> differences;
   for (const char* key : kFixed) {
-    const nlohmann::json was = saved.contains(key) ? saved.at(key) : nlohmann::json();
+    // Checkpoints from before the windowed shuffle shuffled whole splits (window 0).
+    const nlohmann::json was = saved.contains(key)                         ? saved.at(key)
+                               : std::string_view(key) == "shuffle_window" ? nlohmann::json(0)
+                                                                           : nlohmann::json();
     if (was != now.at(key))
       differences.push_back(std::string(key) + ": checkpoint " +
                             (was.is_null() ? std::string("(absent)") : was.dump()) + ", this run " +

@@ -54,6 +54,7 @@ struct TrainConfig {
   bool replicated_tensor_sharding = false;  // each replica keeps 1/R of the optimizer state
   std::uint64_t seed = 1;
   bool shuffle = true;
+  std::size_t shuffle_window = 0;  // 0: shuffle the whole split; N: windows of N samples
   bool allow_out_of_memory = false;
   std::string run_dir = "run";
   std::string bind_address = "127.0.0.1";

@@ -245,6 +245,7 @@ void write_checkpoint(host::StreamServer& server, const TrainConfig& c, const St
       {"generator", "mt19937_64 Fisher-Yates, seeded from (seed, epoch)"},
       {"seed", c.seed},
       {"shuffle", c.shuffle},
+      {"shuffle_window", c.shuffle_window},
       {"epoch", progress.epoch}}.dump();
   char name[64];
   std::snprintf(name, sizeof name, "checkpoint-%06llu.h5",
@@ -334,6 +335,7 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
                            .replicas = c.replicas,
                            .samples_per_step = c.samples_per_replica_step(),
                            .shuffle = c.shuffle,
+                           .shuffle_window = c.shuffle_window,
                            .seed = c.seed,
                            .prefetch_steps = 2,
                            .check_finite = true});

@@ -203,6 +203,13 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
   train.add_option("--seed", c.seed, "Seed of weight initialisation and shuffling")
       ->capture_default_str();
   train.add_flag("!--no-shuffle", c.shuffle, "Read each epoch in file order");
+  train
+      .add_option("--shuffle-window", c.shuffle_window,
+                  "Shuffle in windows of N samples instead of the whole split, for data larger "
+                  "than memory: blocks of 256 consecutive samples in a shuffled order, each run "
+                  "of N/256 blocks shuffled together and read ahead while the one before "
+                  "streams (0: whole split)")
+      ->capture_default_str();
   train.add_flag("--allow-out-of-memory", c.allow_out_of_memory,
                  "Finish compiling a model that does not fit and report memory instead of failing");
   train.add_option("--run-dir", c.run_dir, "Directory for summary.json, metrics.csv, memory.json")

@@ -390,8 +390,7 @@ TEST(Dataset, MappedSamplesAreTheRowsReadCopies) {
   std::vector<std::span<const std::byte>> samples;
   const std::vector<std::size_t> beyond{5};
   EXPECT_THROW(direct.mapped_samples("test", Field::inputs, beyond, samples), std::out_of_range);
-  EXPECT_THROW(direct.mapped_samples("validation", Field::inputs, indices, samples),
-               DatasetError);
+  EXPECT_THROW(direct.mapped_samples("validation", Field::inputs, indices, samples), DatasetError);
   // A file shrunk under the mapping is an error, not a later SIGBUS.
   std::filesystem::resize_file(plain, 2048);
   EXPECT_THROW(direct.mapped_samples("train", Field::inputs, indices, samples), DatasetError);

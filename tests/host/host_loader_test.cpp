@@ -3,6 +3,7 @@
 // order, non-finite values, and the too-small-split error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -287,12 +288,21 @@ TEST(LoaderErrors, NaNInInputsNamesSplitSampleAndElement) {
       EXPECT_NE(message.find("is NaN"), std::string::npos) << message;
     }
   }
-  // Views are checked the same way.
-  Loader viewed({.path = path, .replicas = 2, .samples_per_step = 4, .shuffle = false});
+  // Views (of a preloaded shuffled split) are checked the same way.
+  Loader viewed({.path = path, .replicas = 2, .samples_per_step = 4, .seed = 3});
   ASSERT_TRUE(viewed.serves_views());
-  EXPECT_NO_THROW(viewed.batch_view(0, 4, 0));
+  std::size_t replica = 0, position = 0;
+  for (std::size_t r = 0; r < 2; ++r) {
+    const auto shard = viewed.shard_indices(0, r);
+    const auto found = std::find(shard.begin(), shard.end(), 37u);
+    if (found != shard.end()) {
+      replica = r;
+      position = static_cast<std::size_t>(found - shard.begin());
+    }
+  }
+  EXPECT_NO_THROW(viewed.batch_view(0, position / 4, 1 - replica));
   try {
-    viewed.batch_view(0, 4, 1);
+    viewed.batch_view(0, position / 4, replica);
     FAIL() << "expected DatasetError";
   } catch (const DatasetError& error) {
     EXPECT_NE(std::string(error.what()).find("inputs of sample 37, element 5 (position [1,2]"),
@@ -318,6 +328,89 @@ TEST(LoaderErrors, InfinityInInputsIsRejected) {
     const std::string message = error.what();
     EXPECT_NE(message.find("sample 3, element 0"), std::string::npos) << message;
     EXPECT_NE(message.find("infinite"), std::string::npos) << message;
+  }
+}
+
+TEST(Loader, WindowedShuffleKeepsWholeBlocksInEachWindow) {
+  // 2,600 samples: 11 blocks of 256 (the last one 40), windows of 3 blocks (700 rounds up).
+  const std::size_t count = 2600, window = 700, block = kShuffleBlockSamples;
+  const auto order = windowed_permutation(count, window, 42, 3);
+  std::vector<std::size_t> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<std::size_t> all(count);
+  std::iota(all.begin(), all.end(), std::size_t{0});
+  ASSERT_EQ(sorted, all);  // a permutation
+  // Cut the order where each window ends: once it has taken every sample of its blocks.
+  std::size_t position = 0, windows = 0;
+  std::set<std::size_t> blocks_seen;
+  std::vector<std::size_t> first_seen;  // blocks in the order they first appear
+  while (position < count) {
+    std::set<std::size_t> blocks;
+    std::size_t samples = 0, expected = 0;
+    do {
+      const std::size_t b = order[position + samples] / block;
+      if (blocks.insert(b).second) {
+        first_seen.push_back(b);
+        expected += std::min(block, count - b * block);
+      }
+      ++samples;
+    } while (samples < expected);
+    EXPECT_EQ(blocks.size(), windows < 3 ? 3u : 2u) << "window " << windows;
+    for (std::size_t b : blocks) EXPECT_TRUE(blocks_seen.insert(b).second) << "block " << b;
+    // Shuffled inside the window: not in file order.
+    EXPECT_FALSE(std::is_sorted(order.begin() + position, order.begin() + position + samples));
+    position += samples;
+    ++windows;
+  }
+  EXPECT_EQ(windows, 4u);  // ceil(11 / 3)
+  EXPECT_EQ(blocks_seen.size(), 11u);
+  EXPECT_FALSE(std::is_sorted(first_seen.begin(), first_seen.end()));  // blocks shuffled too
+  // A function of (seed, epoch).
+  EXPECT_EQ(order, windowed_permutation(count, window, 42, 3));
+  EXPECT_NE(order, windowed_permutation(count, window, 42, 4));
+  EXPECT_NE(order, windowed_permutation(count, window, 43, 3));
+  EXPECT_THROW(windowed_permutation(count, 0, 42, 3), std::invalid_argument);
+}
+
+TEST(Loader, WindowedShuffleShardsAndPrefetchesLikeTheWholeSplitOne) {
+  TempDir dir;
+  const std::string path = write_indexed(dir, 1100);  // 5 blocks, the last of 76
+  const LoaderConfig base{.path = path,
+                          .replicas = 3,
+                          .samples_per_step = 8,
+                          .shuffle_window = 300,
+                          .seed = 5,
+                          .prefetch_steps = 0};
+  Loader synchronous(base);
+  LoaderConfig prefetch_config = base;
+  prefetch_config.prefetch_steps = 3;
+  prefetch_config.reader_threads = 2;
+  Loader prefetching(prefetch_config);
+  // Not preloaded: windows are read ahead as the epoch reaches them.
+  EXPECT_FALSE(synchronous.preloaded());
+  EXPECT_FALSE(synchronous.serves_views());
+  const std::size_t steps = synchronous.steps_per_epoch();
+  EXPECT_EQ(steps, 45u);  // floor(1100 / 24)
+  for (std::size_t e = 0; e < 2; ++e) {
+    const auto order = windowed_permutation(1100, 300, 5, e);
+    std::set<std::size_t> seen;
+    for (std::size_t r = 0; r < 3; ++r) {
+      const auto shard = synchronous.shard_indices(e, r);
+      ASSERT_EQ(shard.size(), steps * 8);
+      for (std::size_t k = 0; k < shard.size(); ++k) {
+        EXPECT_EQ(shard[k], order[k * 3 + r]);
+        EXPECT_TRUE(seen.insert(shard[k]).second) << "index " << shard[k] << " in two shards";
+      }
+    }
+    EXPECT_EQ(seen.size(), steps * 24);  // 20 samples dropped
+    for (std::size_t s = 0; s < steps; ++s) {
+      for (std::size_t r = 0; r < 3; ++r) {
+        const Batch batch = prefetching.batch(e, s, r);
+        expect_same_batch(batch, synchronous.batch(e, s, r));
+        EXPECT_EQ(batch.targets.as<std::int32_t>()[0],
+                  static_cast<std::int32_t>(order[s * 24 + r]));
+      }
+    }
   }
 }
 

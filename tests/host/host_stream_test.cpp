@@ -2,8 +2,6 @@
 // credit backpressure, authentication, and bounded waits when a peer is missing or gone.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
-
-#include <numeric>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -13,6 +11,7 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <numeric>
 #include <thread>
 
 #include "host/stream_client.hpp"
@@ -166,12 +165,11 @@ TEST(Stream, PiecesArriveAsOneArray) {
   const std::unique_ptr<StreamClient> client = pending.get();
   // 300 rows of 5 int32 from scattered places of one buffer (more pieces than one gather write
   // system call takes), in reverse order.
-  const HostArray source = HostArray::from_values<std::int32_t>(
-      {600, 5}, [] {
-        std::vector<std::int32_t> values(3000);
-        std::iota(values.begin(), values.end(), 0);
-        return values;
-      }());
+  const HostArray source = HostArray::from_values<std::int32_t>({600, 5}, [] {
+    std::vector<std::int32_t> values(3000);
+    std::iota(values.begin(), values.end(), 0);
+    return values;
+  }());
   const std::span<const std::byte> all(source.bytes);
   std::vector<std::span<const std::byte>> rows;
   for (std::size_t r = 300; r-- > 0;) rows.push_back(all.subspan(2 * r * 20, 20));

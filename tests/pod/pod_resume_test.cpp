@@ -167,6 +167,14 @@ TEST_F(PodResume, ResumeThatDoesNotFitTheRunIsBadInput) {
   EXPECT_NE(other_seed.output.find("seed: checkpoint 1, this run 2"), std::string::npos)
       << other_seed.output;
 
+  // The loader's order is part of the run: a windowed shuffle does not continue a whole-split
+  // one (a checkpoint without the setting, as older ones are, counts as window 0).
+  const Result windowed =
+      train("windowed", "--epochs 2 --shuffle-window 512 --resume " + checkpoint);
+  EXPECT_EQ(windowed.exit_code, 2) << windowed.output;
+  EXPECT_NE(windowed.output.find("shuffle_window: checkpoint 0, this run 512"), std::string::npos)
+      << windowed.output;
+
   const Result finished = train("finished", "--epochs 1 --resume " + checkpoint);
   EXPECT_EQ(finished.exit_code, 2) << finished.output;
   EXPECT_NE(finished.output.find("leaves nothing to train; raise --epochs"), std::string::npos)

@@ -284,6 +284,7 @@ TEST_F(PodTrain, UsageErrorsExitTwoAndHelpDescribesEveryOption) {
   expect_bad_input(run(train + " --recompute"), "needs --stages 2 or more");
   expect_bad_input(run(train + " --available-memory-proportion 0"),
                    "--available-memory-proportion must be in (0, 1]");
+  expect_bad_input(run(train + " --shuffle-window 256 --no-shuffle"), "drop one of them");
   expect_bad_input(run(train + " --config " + (dir() / "absent.json").string()), "cannot read");
   const fs::path config = dir() / "typo.json";
   std::ofstream(config) << R"({"micro_batch": 4, "replica": 2})";
@@ -293,11 +294,26 @@ TEST_F(PodTrain, UsageErrorsExitTwoAndHelpDescribesEveryOption) {
   expect_bad_input(run(train + " --config " + config.string()), "is not valid JSON");
   const Result help = run(std::string(IPUPOD_BINARY) + " train --help");
   EXPECT_EQ(help.exit_code, 0);
-  for (const char* option :
-       {"--model", "--data", "--replicas", "--stages", "--micro-batch", "--gradient-accumulation",
-        "--device-iterations", "--epochs", "--arch", "--run-dir", "--config", "--recompute",
-        "--clip-norm", "lamb", "--precision", "--loss-scaling", "--stochastic-rounding",
-        "--replicated-tensor-sharding", "--available-memory-proportion"})
+  for (const char* option : {"--model",
+                             "--data",
+                             "--replicas",
+                             "--stages",
+                             "--micro-batch",
+                             "--gradient-accumulation",
+                             "--device-iterations",
+                             "--epochs",
+                             "--arch",
+                             "--run-dir",
+                             "--config",
+                             "--recompute",
+                             "--clip-norm",
+                             "lamb",
+                             "--precision",
+                             "--loss-scaling",
+                             "--stochastic-rounding",
+                             "--replicated-tensor-sharding",
+                             "--available-memory-proportion",
+                             "--shuffle-window"})
     EXPECT_NE(help.output.find(option), std::string::npos) << option;
 }
 
