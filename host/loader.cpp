@@ -42,22 +42,28 @@ std::uint64_t uniform_below(std::mt19937_64& engine, std::uint64_t bound) {
 constexpr std::uint32_t kF32Exponent = 0x7F800000U;
 constexpr std::uint16_t kF16Exponent = 0x7C00U;
 
-template <class Value, class Bits>
-std::size_t first_non_finite(std::span<const Value> values, Bits exponent) {
-  // A branch-free scan first (vectorised by the compiler); most batches are clean.
-  bool any = false;
-  for (const Value& value : values) any |= (std::bit_cast<Bits>(value) & exponent) == exponent;
-  if (!any) return values.size();
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    if ((std::bit_cast<Bits>(values[i]) & exponent) == exponent) return i;
-  }
-  return values.size();
+// Element `i` of a sample's bytes as its bit pattern. The bytes may lie anywhere in a mapped
+// file, not aligned for the element type: read by memcpy (one load once compiled).
+template <class Bits>
+Bits element_bits(std::span<const std::byte> sample, std::size_t i) {
+  Bits bits;
+  std::memcpy(&bits, sample.data() + i * sizeof(Bits), sizeof(Bits));
+  return bits;
 }
 
-// The elements of one sample's bytes (`sample` holds whole elements of that type).
-template <class Value>
-std::span<const Value> sample_values(std::span<const std::byte> sample) {
-  return {reinterpret_cast<const Value*>(sample.data()), sample.size() / sizeof(Value)};
+// Index of the first element whose exponent field is all ones, or the element count.
+template <class Bits>
+std::size_t first_non_finite(std::span<const std::byte> sample, Bits exponent) {
+  const std::size_t count = sample.size() / sizeof(Bits);
+  // A branch-free scan first (vectorised by the compiler); most samples are clean.
+  bool any = false;
+  for (std::size_t i = 0; i < count; ++i)
+    any |= (element_bits<Bits>(sample, i) & exponent) == exponent;
+  if (!any) return count;
+  for (std::size_t i = 0; i < count; ++i) {
+    if ((element_bits<Bits>(sample, i) & exponent) == exponent) return i;
+  }
+  return count;
 }
 
 // DatasetError naming split, sample (index in the file) and element if `sample` (the bytes of
@@ -66,19 +72,16 @@ void check_finite(std::span<const std::byte> sample, const ArraySpec& spec,
                   const LoaderConfig& config, Field field, std::size_t index) {
   if (spec.dtype != DType::f32 && spec.dtype != DType::f16) return;
   const std::vector<std::size_t>& sample_shape = spec.sample_shape;
-  const std::size_t per_sample = shape_elements(sample_shape);
   std::size_t element = 0;
-  bool nan = false;
+  bool nan = false;  // else infinite: NaN has a non-zero fraction
   if (spec.dtype == DType::f32) {
-    const std::span<const float> values = sample_values<float>(sample);
-    element = first_non_finite(values, kF32Exponent);
-    if (element == per_sample) return;
-    nan = values[element] != values[element];
+    element = first_non_finite(sample, kF32Exponent);
+    if (element == sample.size() / 4) return;
+    nan = (element_bits<std::uint32_t>(sample, element) & 0x007FFFFFU) != 0;
   } else {
-    const std::span<const Half> values = sample_values<Half>(sample);
-    element = first_non_finite(values, kF16Exponent);
-    if (element == per_sample) return;
-    nan = (std::bit_cast<std::uint16_t>(values[element]) & 0x03FFU) != 0;
+    element = first_non_finite(sample, kF16Exponent);
+    if (element == sample.size() / 2) return;
+    nan = (element_bits<std::uint16_t>(sample, element) & 0x03FFU) != 0;
   }
   std::vector<std::size_t> position(sample_shape.size());
   for (std::size_t d = sample_shape.size(), rest = element; d-- > 0;) {
