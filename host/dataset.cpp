@@ -434,6 +434,17 @@ void DatasetFile::read_ahead(const std::string& split, std::size_t first, std::s
   }
 }
 
+void DatasetFile::check_not_truncated(const std::string& split) const {
+  const SplitIn& in = impl_->split(split);
+  for (const Field field : {Field::inputs, Field::targets}) {
+    const ArrayIn& array = Impl::array(in, field);
+    if (array.direct) {
+      impl_->check_not_truncated(array, "'/" + split + "/" + std::string(field_name(field)) +
+                                            "' of '" + impl_->path + "'");
+    }
+  }
+}
+
 bool DatasetFile::mapped_samples(const std::string& split, Field field,
                                  std::span<const std::size_t> indices,
                                  std::vector<std::span<const std::byte>>& out) const {

@@ -78,6 +78,11 @@ class DatasetFile {
   // in range and that the file has not shrunk.
   bool mapped_samples(const std::string& split, Field field, std::span<const std::size_t> indices,
                       std::vector<std::span<const std::byte>>& out) const;
+  // DatasetError if the file has become shorter than the split's rows in the mapping need (it
+  // was truncated or rewritten in place): reading such a page would kill the process with
+  // SIGBUS. Spans from mapped_samples are safe to read while the file keeps its length: check
+  // again just before reading them if time has passed.
+  void check_not_truncated(const std::string& split) const;
   // True if read_samples bypasses the HDF5 library for that array (for tests and benchmarks).
   bool reads_directly(const std::string& split, Field field) const;
 

@@ -240,8 +240,13 @@ std::vector<std::size_t> epoch_permutation(std::size_t count, std::uint64_t seed
 std::vector<std::size_t> windowed_permutation(std::size_t count, std::size_t window,
                                               std::uint64_t seed, std::uint64_t epoch) {
   if (window == 0) throw std::invalid_argument("windowed_permutation: window must be at least 1");
-  const std::size_t blocks = (count + kShuffleBlockSamples - 1) / kShuffleBlockSamples;
-  const std::size_t window_blocks = (window + kShuffleBlockSamples - 1) / kShuffleBlockSamples;
+  const auto whole_blocks = [](std::size_t n) {  // ceil(n / block) without overflow
+    return n / kShuffleBlockSamples + (n % kShuffleBlockSamples != 0 ? 1 : 0);
+  };
+  const std::size_t blocks = whole_blocks(count);
+  // A window as large as the split or larger is one window of every block.
+  const std::size_t window_blocks =
+      std::max<std::size_t>(1, std::min(blocks, whole_blocks(window)));
   const std::vector<std::size_t> block_order = epoch_permutation(blocks, seed, epoch);
   std::vector<std::size_t> order;
   order.reserve(count);
@@ -473,8 +478,22 @@ BatchView Loader::batch_view(std::size_t epoch, std::size_t step, std::size_t re
 
 void Loader::read_ahead(std::size_t epoch, const std::vector<std::size_t>& order,
                         std::size_t from) const {
-  const std::size_t to = std::min(
-      order.size(), from + config_.shuffle_window + config_.samples_per_step * config_.replicas);
+  // Positions [from, to): this step's and a window beyond (no overflow for huge windows).
+  const std::size_t ahead =
+      std::min(config_.shuffle_window, order.size()) + config_.samples_per_step * config_.replicas;
+  const std::size_t to = from + std::min(ahead, order.size() - std::min(from, order.size()));
+  {
+    // Positions an earlier step of this epoch has scanned are skipped: each step scans about
+    // one global batch of new positions, not the whole window again.
+    std::lock_guard<std::mutex> guard(read_ahead_mutex_);
+    if (read_ahead_mark_epoch_ != epoch + 1) {
+      read_ahead_mark_epoch_ = epoch + 1;
+      read_ahead_mark_ = 0;
+    }
+    const std::size_t start = std::max(from, read_ahead_mark_);
+    read_ahead_mark_ = std::max(read_ahead_mark_, to);
+    from = start;
+  }
   std::vector<std::size_t> blocks;
   for (std::size_t p = from; p < to; ++p) {
     const std::size_t block = order[p] / kShuffleBlockSamples;

@@ -117,6 +117,9 @@ class Loader {
   // batch(). No background reader is involved: there is nothing to copy ahead. Throws
   // std::logic_error if !serves_views().
   BatchView batch_view(std::size_t epoch, std::size_t step, std::size_t replica) const;
+  // DatasetError if the file has since been truncated (DatasetFile::check_not_truncated): call
+  // it just before sending a view that was made a while ago.
+  void check_views() const { file_.check_not_truncated(config_.split); }
 
   // Gives a batch's buffers back once its data has been sent or copied: later batches are read
   // into them instead of into freshly allocated memory, whose first touch costs a page fault
@@ -164,6 +167,10 @@ class Loader {
   void read_ahead(std::size_t epoch, const std::vector<std::size_t>& order, std::size_t from) const;
   // Per block of kShuffleBlockSamples: 1 + the last epoch it was read ahead for.
   std::unique_ptr<std::atomic<std::uint64_t>[]> read_ahead_epoch_;
+  // 1 + the epoch of the furthest read-ahead scan, and the order position it reached.
+  mutable std::mutex read_ahead_mutex_;
+  mutable std::uint64_t read_ahead_mark_epoch_ = 0;
+  mutable std::size_t read_ahead_mark_ = 0;
   // Per sample of the split: already found finite (see LoaderConfig::check_finite).
   std::unique_ptr<std::atomic<bool>[]> finite_checked_;
   mutable std::mutex stats_mutex_;

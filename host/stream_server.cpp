@@ -199,9 +199,11 @@ void StreamServer::accept_clients() {
   }
 }
 
-void StreamServer::send(std::size_t client, const FrameView& frame) {
+void StreamServer::send(std::size_t client, const FrameView& frame,
+                        const std::function<void()>& before_write) {
   detail::Connection& connection = impl_->client(client, "send");
   connection.take_credit(impl_->config.timeout);
+  if (before_write) before_write();
   connection.write(FrameKind::data, frame);
 }
 

@@ -44,7 +44,10 @@ class StreamServer {
   // logged and sent to the client) and the server keeps waiting; StreamError on overall timeout.
   void accept_clients();
   // Blocks while that client has no credit left; StreamError if it is gone or on timeout.
-  void send(std::size_t client, const FrameView& frame);
+  // `before_write`, if set, runs once the credit is there, just before the frame is read and
+  // written (e.g. to check that a file whose pages the frame points into still has them).
+  void send(std::size_t client, const FrameView& frame,
+            const std::function<void()>& before_write = {});
   void send(std::size_t client, const Frame& frame) { send(client, FrameView(frame)); }
   // Next device-to-host frame from that client; StreamError on corrupt frame, disconnect, timeout.
   Frame receive(std::size_t client);

@@ -196,7 +196,8 @@ StreamResult stream_epoch(const HostBenchOptions& o) {
               const host::BatchView batch = loader.batch_view(e, s, r);
               for (const auto& [id, array] :
                    {std::pair{kInputStream, &batch.inputs}, {kTargetStream, &batch.targets}})
-                server.send(r, {id, e * steps + s, array->dtype, array->shape, array->samples});
+                server.send(r, {id, e * steps + s, array->dtype, array->shape, array->samples},
+                            [&] { loader.check_views(); });
               continue;
             }
             host::Batch batch = loader.batch(e, s, r);

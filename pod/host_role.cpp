@@ -8,6 +8,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <limits>
@@ -441,23 +442,27 @@ int run_host(const TrainConfig& c, MPI_Comm world) {
         for (std::size_t e = startup.resume_epoch; e < c.epochs; ++e) {
           const std::size_t first = e == startup.resume_epoch ? startup.resume_step : 0;
           for (std::size_t s = first; s < startup.train_steps; ++s, ++step) {
-            // Uncompressed preloaded data goes from the file's pages into the socket; other
-            // data is copied out of the file by the loader's readers first.
-            const auto send = [&](const auto& inputs, const auto& targets) {
+            // Uncompressed preloaded data goes from the file's pages into the socket (the file
+            // checked for truncation once each frame has its credit, just before its pages are
+            // read); other data is copied out of the file by the loader's readers first.
+            const auto send = [&](const auto& inputs, const auto& targets,
+                                  const std::function<void()>& before_write) {
               std::vector<std::size_t> input_shape = inputs.shape, label_shape = targets.shape;
               input_shape[0] = label_shape[0] = c.micro_batch;
               for (std::size_t m = 0; m < micro_batches_per_step; ++m) {
-                server->send(r, micro_batch_frame(kInputFrames, step, inputs, m, input_shape));
-                server->send(r, micro_batch_frame(kLabelFrames, step, targets, m, label_shape));
+                server->send(r, micro_batch_frame(kInputFrames, step, inputs, m, input_shape),
+                             before_write);
+                server->send(r, micro_batch_frame(kLabelFrames, step, targets, m, label_shape),
+                             before_write);
               }
             };
             if (train->serves_views()) {
               const host::BatchView b = train->batch_view(e, s, r);
-              send(b.inputs, b.targets);
+              send(b.inputs, b.targets, [&] { train->check_views(); });
               continue;
             }
             host::Batch b = train->batch(e, s, r);
-            send(b.inputs, b.targets);
+            send(b.inputs, b.targets, {});
             train->recycle(std::move(b));
           }
           for (std::size_t t = 0; t < startup.test_steps; ++t) {

@@ -207,7 +207,7 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
       .add_option("--shuffle-window", c.shuffle_window,
                   "Shuffle in windows of N samples instead of the whole split, for data larger "
                   "than memory: blocks of 256 consecutive samples in a shuffled order, each run "
-                  "of N/256 blocks shuffled together and read ahead while the one before "
+                  "of ceil(N/256) blocks shuffled together and read ahead while the one before "
                   "streams (0: whole split)")
       ->capture_default_str();
   train.add_flag("--allow-out-of-memory", c.allow_out_of_memory,

@@ -392,8 +392,11 @@ TEST(Dataset, MappedSamplesAreTheRowsReadCopies) {
   EXPECT_THROW(direct.mapped_samples("test", Field::inputs, beyond, samples), std::out_of_range);
   EXPECT_THROW(direct.mapped_samples("validation", Field::inputs, indices, samples), DatasetError);
   // A file shrunk under the mapping is an error, not a later SIGBUS.
+  EXPECT_NO_THROW(direct.check_not_truncated("train"));
   std::filesystem::resize_file(plain, 2048);
   EXPECT_THROW(direct.mapped_samples("train", Field::inputs, indices, samples), DatasetError);
+  EXPECT_THROW(direct.check_not_truncated("train"), DatasetError);
+  EXPECT_NO_THROW(compressed.check_not_truncated("train"));  // nothing read from a mapping
 }
 
 TEST(DatasetErrors, FileTruncatedWhileOpenIsReportedNotACrash) {

@@ -370,6 +370,13 @@ TEST(Loader, WindowedShuffleKeepsWholeBlocksInEachWindow) {
   EXPECT_NE(order, windowed_permutation(count, window, 42, 4));
   EXPECT_NE(order, windowed_permutation(count, window, 43, 3));
   EXPECT_THROW(windowed_permutation(count, 0, 42, 3), std::invalid_argument);
+  // A window of the whole split or more (up to the largest size) is one window of all blocks.
+  for (const std::size_t huge : {count, std::numeric_limits<std::size_t>::max()}) {
+    std::vector<std::size_t> one = windowed_permutation(count, huge, 42, 3);
+    EXPECT_FALSE(std::is_sorted(one.begin(), one.end()));
+    std::sort(one.begin(), one.end());
+    EXPECT_EQ(one, all);
+  }
 }
 
 TEST(Loader, WindowedShuffleShardsAndPrefetchesLikeTheWholeSplitOne) {

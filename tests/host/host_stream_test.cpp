@@ -174,7 +174,13 @@ TEST(Stream, PiecesArriveAsOneArray) {
   std::vector<std::span<const std::byte>> rows;
   for (std::size_t r = 300; r-- > 0;) rows.push_back(all.subspan(2 * r * 20, 20));
   const std::vector<std::size_t> shape = {300, 5};
-  server.send(0, FrameView(4, 9, DType::i32, shape, rows));
+  // The hook runs before the frame is written; what it throws ends the send.
+  EXPECT_THROW(server.send(0, FrameView(4, 8, DType::i32, shape, rows),
+                           [] { throw std::runtime_error("file truncated"); }),
+               std::runtime_error);
+  bool checked = false;
+  server.send(0, FrameView(4, 9, DType::i32, shape, rows), [&] { checked = true; });
+  EXPECT_TRUE(checked);
   const Frame frame = client->receive();
   EXPECT_EQ(frame.stream, 4);
   EXPECT_EQ(frame.step, 9u);
