@@ -28,6 +28,10 @@ class FrameError : public StreamError {
 // CRC-32C (Castagnoli, reflected polynomial 0x82F63B78). crc32c("123456789") == 0xE3069283.
 // Pass the previous result as `crc` to continue a running checksum over several pieces.
 std::uint32_t crc32c(std::span<const std::byte> data, std::uint32_t crc = 0);
+// The same over several pieces one after the other (as if concatenated). Runs of three pieces of
+// equal length (a batch's samples) are checksummed as three lanes at once.
+std::uint32_t crc32c_pieces(std::span<const std::span<const std::byte>> pieces,
+                            std::uint32_t crc = 0);
 
 struct Frame {
   std::uint16_t stream = 0;  // which stream of the job (e.g. inputs, targets, losses)

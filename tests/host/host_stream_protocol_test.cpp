@@ -82,6 +82,32 @@ TEST(Crc32c, LongBuffersMatchTheDefinitionAtEveryLength) {
   EXPECT_NE(crc32c(data), clean);
 }
 
+TEST(Crc32c, PiecesGiveTheCrcOfTheirConcatenation) {
+  std::vector<std::byte> data(200000);
+  std::uint32_t seed = 12345;
+  for (std::byte& b : data) {
+    seed = seed * 1664525U + 1013904223U;
+    b = static_cast<std::byte>(seed >> 24);
+  }
+  // Runs of equal pieces (three lanes), lengths not a multiple of 8, pieces too short for lanes,
+  // an empty one, a run broken by an odd length, and pieces that overlap in memory.
+  const std::vector<std::size_t> sizes = {4096, 4096, 4096, 4096, 8191, 8191, 8191, 17,
+                                          17,   17,   0,    300,  300,  301,  300,  300,
+                                          300,  8192, 8192, 8192, 8192, 8192, 8192};
+  std::vector<std::span<const std::byte>> pieces;
+  std::vector<std::byte> joined;
+  std::size_t at = 0;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    const std::span<const std::byte> piece(data.data() + at, sizes[k]);
+    pieces.push_back(piece);
+    joined.insert(joined.end(), piece.begin(), piece.end());
+    at = (at + 7919 * (k + 1)) % (data.size() - 9000);
+  }
+  EXPECT_EQ(crc32c_pieces(pieces), crc32c_bitwise(joined));
+  EXPECT_EQ(crc32c_pieces(pieces, 0xDEADBEEFU), crc32c(joined, 0xDEADBEEFU));
+  EXPECT_EQ(crc32c_pieces({}, 7U), 7U);
+}
+
 TEST(StreamProtocol, PayloadGoesIntoTheBufferGiven) {
   const std::vector<std::byte> bytes = encode_frame(FrameKind::data, sample_frame());
   std::size_t asked = 0;
