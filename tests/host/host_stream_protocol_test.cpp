@@ -55,15 +55,21 @@ std::uint32_t crc32c_bitwise(std::span<const std::byte> data) {
   return ~crc;
 }
 
-TEST(Crc32c, LongBuffersMatchTheDefinitionAtEveryLength) {
-  // The hardware path runs three lanes over blocks of several KiB and joins them; lengths
-  // around and between block multiples, odd offsets and split points exercise every join.
-  std::vector<std::byte> data(100003);
+// `size` bytes from a linear congruential generator (the same bytes every run).
+std::vector<std::byte> pseudo_random_bytes(std::size_t size) {
+  std::vector<std::byte> data(size);
   std::uint32_t state = 12345;
   for (std::byte& b : data) {
     state = state * 1664525u + 1013904223u;
     b = static_cast<std::byte>(state >> 24);
   }
+  return data;
+}
+
+TEST(Crc32c, LongBuffersMatchTheDefinitionAtEveryLength) {
+  // The hardware path runs three lanes over blocks of several KiB and joins them; lengths
+  // around and between block multiples, odd offsets and split points exercise every join.
+  std::vector<std::byte> data = pseudo_random_bytes(100003);
   for (std::size_t length :
        {std::size_t{7}, std::size_t{4095}, std::size_t{12287}, std::size_t{12288},
         std::size_t{12289}, std::size_t{24583}, std::size_t{36864}, std::size_t{99999}}) {
@@ -83,12 +89,7 @@ TEST(Crc32c, LongBuffersMatchTheDefinitionAtEveryLength) {
 }
 
 TEST(Crc32c, PiecesGiveTheCrcOfTheirConcatenation) {
-  std::vector<std::byte> data(200000);
-  std::uint32_t seed = 12345;
-  for (std::byte& b : data) {
-    seed = seed * 1664525U + 1013904223U;
-    b = static_cast<std::byte>(seed >> 24);
-  }
+  const std::vector<std::byte> data = pseudo_random_bytes(200000);
   // Runs of equal pieces (three lanes), lengths not a multiple of 8, pieces too short for lanes,
   // an empty one, a run broken by an odd length, and pieces that overlap in memory.
   const std::vector<std::size_t> sizes = {4096, 4096, 4096, 4096, 8191, 8191, 8191, 17,
