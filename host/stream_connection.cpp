@@ -127,14 +127,10 @@ void Connection::write(FrameKind kind, const FrameView& frame) {
   // One gather write: the payload goes from where it lies (one buffer or many pieces) straight
   // into the socket, with no copy into a frame buffer first.
   std::vector<boost::asio::const_buffer> pieces;
-  pieces.reserve(frame.pieces.size() + 3);
+  pieces.reserve(frame.payload().size() + 2);
   pieces.push_back(boost::asio::buffer(head));
-  if (frame.pieces.empty()) {
-    pieces.push_back(boost::asio::buffer(frame.bytes.data(), frame.bytes.size()));
-  } else {
-    for (const std::span<const std::byte> piece : frame.pieces)
-      pieces.push_back(boost::asio::buffer(piece.data(), piece.size()));
-  }
+  for (const std::span<const std::byte> piece : frame.payload())
+    pieces.push_back(boost::asio::buffer(piece.data(), piece.size()));
   pieces.push_back(boost::asio::buffer(&trailer, sizeof(trailer)));
   std::lock_guard<std::mutex> guard(write_mutex_);
   {

@@ -101,23 +101,28 @@ struct ZerosShift {
   }
 };
 
-// The shift past `zero_bytes` zeros, made once per length and kept (a batch's pieces come in
+// The shifts that join three lanes of `lane_bytes` each: past one lane and past two.
+struct LaneShifts {
+  ZerosShift one, two;
+  explicit LaneShifts(std::size_t lane_bytes) : one(lane_bytes), two(2 * lane_bytes) {}
+};
+
+// The shifts for lanes of `lane_bytes`, made once per length and kept (a batch's pieces come in
 // few lengths).
-const ZerosShift& zeros_shift(std::size_t zero_bytes) {
+const LaneShifts& lane_shifts(std::size_t lane_bytes) {
   static std::mutex mutex;
-  static std::map<std::size_t, std::unique_ptr<const ZerosShift>> shifts;
+  static std::map<std::size_t, std::unique_ptr<const LaneShifts>> made;
   std::lock_guard<std::mutex> guard(mutex);
-  auto& shift = shifts[zero_bytes];
-  if (!shift) shift = std::make_unique<const ZerosShift>(zero_bytes);
-  return *shift;
+  auto& shifts = made[lane_bytes];
+  if (!shifts) shifts = std::make_unique<const LaneShifts>(lane_bytes);
+  return *shifts;
 }
 
-// Three pieces of `size` bytes each, in the order a, b, c, from raw state `crc`: three lanes.
-__attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42_three(const std::byte* a,
-                                                                   const std::byte* b,
-                                                                   const std::byte* c,
-                                                                   std::size_t size,
-                                                                   std::uint32_t crc) {
+// Three stretches of `size` bytes each, in the order a, b, c, from raw state `crc`, as three
+// lanes joined by `shifts` (made for `size`).
+__attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42_three(
+    const std::byte* a, const std::byte* b, const std::byte* c, std::size_t size, std::uint32_t crc,
+    const LaneShifts& shifts) {
   std::uint64_t x = crc, y = 0, z = 0;
   std::size_t i = 0;
   for (; i + 8 <= size; i += 8) {
@@ -130,32 +135,18 @@ __attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42_three(const std::by
     z = _mm_crc32_u64(z, wc);
   }
   const std::size_t tail = size - i;
-  const std::uint32_t xa = crc32c_sse42(a + i, tail, static_cast<std::uint32_t>(x));
-  const std::uint32_t yb = crc32c_sse42(b + i, tail, static_cast<std::uint32_t>(y));
-  const std::uint32_t zc = crc32c_sse42(c + i, tail, static_cast<std::uint32_t>(z));
-  return zeros_shift(2 * size)(xa) ^ zeros_shift(size)(yb) ^ zc;
+  return shifts.two(crc32c_sse42(a + i, tail, static_cast<std::uint32_t>(x))) ^
+         shifts.one(crc32c_sse42(b + i, tail, static_cast<std::uint32_t>(y))) ^
+         crc32c_sse42(c + i, tail, static_cast<std::uint32_t>(z));
 }
 
 __attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42_lanes(const std::byte* data,
                                                                    std::size_t size,
                                                                    std::uint32_t crc) {
-  static const ZerosShift one_lane(kLaneBytes), two_lanes(2 * kLaneBytes);
-  while (size >= 3 * kLaneBytes) {
-    std::uint64_t a = crc, b = 0, c = 0;
-    for (std::size_t i = 0; i < kLaneBytes; i += 8) {
-      std::uint64_t wa, wb, wc;
-      std::memcpy(&wa, data + i, 8);
-      std::memcpy(&wb, data + kLaneBytes + i, 8);
-      std::memcpy(&wc, data + 2 * kLaneBytes + i, 8);
-      a = _mm_crc32_u64(a, wa);
-      b = _mm_crc32_u64(b, wb);
-      c = _mm_crc32_u64(c, wc);
-    }
-    crc = two_lanes(static_cast<std::uint32_t>(a)) ^ one_lane(static_cast<std::uint32_t>(b)) ^
-          static_cast<std::uint32_t>(c);
-    data += 3 * kLaneBytes;
-    size -= 3 * kLaneBytes;
-  }
+  static const LaneShifts& shifts = lane_shifts(kLaneBytes);
+  for (; size >= 3 * kLaneBytes; data += 3 * kLaneBytes, size -= 3 * kLaneBytes)
+    crc =
+        crc32c_sse42_three(data, data + kLaneBytes, data + 2 * kLaneBytes, kLaneBytes, crc, shifts);
   return crc32c_sse42(data, size, crc);
 }
 #endif
@@ -199,12 +190,15 @@ std::uint32_t crc32c_pieces(std::span<const std::span<const std::byte>> pieces, 
   constexpr std::size_t kMinLaneBytes = 256;
   static const bool hardware = __builtin_cpu_supports("sse4.2");
   if (hardware) {
+    const LaneShifts* shifts = nullptr;  // for lanes of shifts_size bytes
+    std::size_t shifts_size = 0;
     for (std::size_t k = 0; k < pieces.size();) {
       const std::size_t size = pieces[k].size();
       if (k + 3 <= pieces.size() && size >= kMinLaneBytes && pieces[k + 1].size() == size &&
           pieces[k + 2].size() == size) {
+        if (size != shifts_size) shifts = &lane_shifts(shifts_size = size);
         crc = ~crc32c_sse42_three(pieces[k].data(), pieces[k + 1].data(), pieces[k + 2].data(),
-                                  size, ~crc);
+                                  size, ~crc, *shifts);
         k += 3;
       } else {
         crc = crc32c(pieces[k], crc);
@@ -233,9 +227,8 @@ std::string_view frame_kind_name(FrameKind kind) {
 }
 
 std::size_t FrameView::payload_bytes() const {
-  if (pieces.empty()) return bytes.size();
   std::size_t total = 0;
-  for (const std::span<const std::byte> piece : pieces) total += piece.size();
+  for (const std::span<const std::byte> piece : payload()) total += piece.size();
   return total;
 }
 
@@ -244,12 +237,8 @@ std::vector<std::byte> encode_frame(FrameKind kind, const FrameView& frame) {
   const std::uint32_t trailer = frame_trailer(head, frame);
   std::vector<std::byte> out(head.size() + frame.payload_bytes() + kFrameTrailerBytes);
   std::byte* at = std::copy(head.begin(), head.end(), out.data());
-  if (frame.pieces.empty()) {
-    at = std::copy(frame.bytes.begin(), frame.bytes.end(), at);
-  } else {
-    for (const std::span<const std::byte> piece : frame.pieces)
-      at = std::copy(piece.begin(), piece.end(), at);
-  }
+  for (const std::span<const std::byte> piece : frame.payload())
+    at = std::copy(piece.begin(), piece.end(), at);
   std::memcpy(at, &trailer, kFrameTrailerBytes);
   return out;
 }
@@ -258,13 +247,8 @@ std::vector<std::byte> encode_frame(FrameKind kind, const Frame& frame) {
   return encode_frame(kind, FrameView(frame));
 }
 
-std::uint32_t frame_trailer(std::span<const std::byte> head, std::span<const std::byte> payload) {
-  return crc32c(payload, crc32c(head));
-}
-
 std::uint32_t frame_trailer(std::span<const std::byte> head, const FrameView& frame) {
-  if (frame.pieces.empty()) return frame_trailer(head, frame.bytes);
-  return crc32c_pieces(frame.pieces, crc32c(head));
+  return crc32c_pieces(frame.payload(), crc32c(head));
 }
 
 std::vector<std::byte> encode_frame_head(FrameKind kind, const FrameView& frame) {

@@ -87,6 +87,10 @@ struct FrameView {
   std::span<const std::byte> bytes;
   std::span<const std::span<const std::byte>> pieces;
 
+  // The payload as pieces: `pieces`, or `bytes` as the one piece (valid while this view is).
+  std::span<const std::span<const std::byte>> payload() const {
+    return pieces.empty() ? std::span<const std::span<const std::byte>>(&bytes, 1) : pieces;
+  }
   std::size_t payload_bytes() const;
 
   FrameView() = default;
@@ -110,9 +114,8 @@ struct FrameView {
 std::vector<std::byte> encode_frame(FrameKind kind, const FrameView& frame);
 std::vector<std::byte> encode_frame(FrameKind kind, const Frame& frame);
 // The same frame in three pieces so that a writer can send the payload from where it lies
-// (gather write) instead of copying it: head (header and dims), frame.bytes, trailer.
+// (gather write) instead of copying it: head (header and dims), frame.payload(), trailer.
 std::vector<std::byte> encode_frame_head(FrameKind kind, const FrameView& frame);
-std::uint32_t frame_trailer(std::span<const std::byte> head, std::span<const std::byte> payload);
 std::uint32_t frame_trailer(std::span<const std::byte> head, const FrameView& frame);
 
 // Fills exactly `buffer.size()` bytes or throws (StreamError on end of stream).
