@@ -291,10 +291,10 @@ Loader::Loader(LoaderConfig config) : config_(std::move(config)), file_(config_.
                        " samples per step); use fewer replicas, a smaller batch or more data");
   }
   finite_checked_ = std::make_unique<std::atomic<bool>[]>(info_.samples);
-  if (config_.shuffle && config_.shuffle_window > 0) {
+  if (windowed()) {
     // Each window's blocks are read ahead as the epoch reaches them.
-    read_ahead_epoch_ = std::make_unique<std::atomic<std::uint64_t>[]>(
-        (info_.samples + kShuffleBlockSamples - 1) / kShuffleBlockSamples);
+    read_ahead_state_.block_epoch.assign(
+        (info_.samples + kShuffleBlockSamples - 1) / kShuffleBlockSamples, 0);
   } else if (config_.shuffle) {
     // A whole-split shuffle needs samples from all over the file from its first step on.
     file_.preload(config_.split, config_.max_memory_bytes.value_or(default_max_memory_bytes()));
@@ -328,7 +328,7 @@ std::shared_ptr<const std::vector<std::size_t>> Loader::epoch_order(std::size_t 
     previous_order_ = std::move(cached_order_);
     previous_epoch_ = cached_epoch_;
     std::vector<std::size_t> order;
-    if (config_.shuffle && config_.shuffle_window > 0) {
+    if (windowed()) {
       order = windowed_permutation(info_.samples, config_.shuffle_window, config_.seed, epoch);
     } else if (config_.shuffle) {
       order = epoch_permutation(info_.samples, config_.seed, epoch);
@@ -372,17 +372,12 @@ std::vector<Batch> Loader::read_batches(std::size_t epoch, std::size_t step,
                                         std::vector<std::exception_ptr>& errors) const {
   const auto order = epoch_order(epoch);
   const std::size_t per_batch = config_.samples_per_step;
-  if (read_ahead_epoch_) read_ahead(epoch, *order, step * per_batch * config_.replicas);
+  if (windowed()) read_ahead(epoch, *order, step * per_batch * config_.replicas);
   std::vector<Batch> batches(replicas.size());
   std::vector<std::vector<std::size_t>> indices(replicas.size());
   std::vector<SampleRead> inputs, targets;
   inputs.reserve(replicas.size() * per_batch);
   targets.reserve(replicas.size() * per_batch);
-  const auto with_samples = [&](const ArraySpec& spec) {
-    std::vector<std::size_t> shape{per_batch};
-    shape.insert(shape.end(), spec.sample_shape.begin(), spec.sample_shape.end());
-    return shape;
-  };
   const std::size_t input_bytes =
       shape_elements(info_.inputs.sample_shape) * dtype_size(info_.inputs.dtype);
   const std::size_t target_bytes =
@@ -394,18 +389,15 @@ std::vector<Batch> Loader::read_batches(std::size_t epoch, std::size_t step,
     batch.replica = replicas[b];
     // Every byte is overwritten by the gather below, so recycled buffers need no clearing.
     batch.inputs.dtype = info_.inputs.dtype;
-    batch.inputs.shape = with_samples(info_.inputs);
+    batch.inputs.shape = batch_shape(info_.inputs);
     batch.inputs.bytes = take_buffer(per_batch * input_bytes);
     batch.targets.dtype = info_.targets.dtype;
-    batch.targets.shape = with_samples(info_.targets);
+    batch.targets.shape = batch_shape(info_.targets);
     batch.targets.bytes = take_buffer(per_batch * target_bytes);
-    indices[b].resize(per_batch);
+    indices[b] = batch_indices(*order, step, replicas[b]);
     for (std::size_t k = 0; k < per_batch; ++k) {
-      const std::size_t position = step * per_batch + k;
-      const std::size_t index = (*order)[position * config_.replicas + replicas[b]];
-      indices[b][k] = index;
-      inputs.push_back({index, batch.inputs.bytes.data() + k * input_bytes});
-      targets.push_back({index, batch.targets.bytes.data() + k * target_bytes});
+      inputs.push_back({indices[b][k], batch.inputs.bytes.data() + k * input_bytes});
+      targets.push_back({indices[b][k], batch.targets.bytes.data() + k * target_bytes});
     }
   }
   // One gather per array for the whole step: sorted by file position, chunk by chunk.
@@ -453,11 +445,7 @@ BatchView Loader::batch_view(std::size_t epoch, std::size_t step, std::size_t re
     throw std::logic_error("loader: batch_view on '" + config_.path + "' split '" + config_.split +
                            "', which is compressed or was not preloaded; use batch()");
   }
-  const auto order = epoch_order(epoch);
-  const std::size_t per_batch = config_.samples_per_step;
-  std::vector<std::size_t> indices(per_batch);
-  for (std::size_t k = 0; k < per_batch; ++k)
-    indices[k] = (*order)[(step * per_batch + k) * config_.replicas + replica];
+  const std::vector<std::size_t> indices = batch_indices(*epoch_order(epoch), step, replica);
   BatchView view;
   view.epoch = epoch;
   view.step = step;
@@ -466,8 +454,7 @@ BatchView Loader::batch_view(std::size_t epoch, std::size_t step, std::size_t re
        {std::tuple{&view.inputs, &info_.inputs, Field::inputs},
         std::tuple{&view.targets, &info_.targets, Field::targets}}) {
     array->dtype = spec->dtype;
-    array->shape = {per_batch};
-    array->shape.insert(array->shape.end(), spec->sample_shape.begin(), spec->sample_shape.end());
+    array->shape = batch_shape(*spec);
     file_.mapped_samples(config_.split, field, indices, array->samples);
   }
   check_samples(indices, [&](std::size_t k, Field field) {
@@ -482,27 +469,23 @@ void Loader::read_ahead(std::size_t epoch, const std::vector<std::size_t>& order
   const std::size_t ahead =
       std::min(config_.shuffle_window, order.size()) + config_.samples_per_step * config_.replicas;
   const std::size_t to = from + std::min(ahead, order.size() - std::min(from, order.size()));
+  std::vector<std::size_t> blocks;
   {
+    std::lock_guard<std::mutex> guard(read_ahead_mutex_);
+    ReadAhead& state = read_ahead_state_;
+    if (state.epoch != epoch + 1) {
+      state.epoch = epoch + 1;
+      state.reached = 0;
+    }
     // Positions an earlier step of this epoch has scanned are skipped: each step scans about
     // one global batch of new positions, not the whole window again.
-    std::lock_guard<std::mutex> guard(read_ahead_mutex_);
-    if (read_ahead_mark_epoch_ != epoch + 1) {
-      read_ahead_mark_epoch_ = epoch + 1;
-      read_ahead_mark_ = 0;
+    for (std::size_t p = std::max(from, state.reached); p < to; ++p) {
+      const std::size_t block = order[p] / kShuffleBlockSamples;
+      if (state.block_epoch[block] == epoch + 1) continue;
+      state.block_epoch[block] = epoch + 1;
+      blocks.push_back(block);
     }
-    const std::size_t start = std::max(from, read_ahead_mark_);
-    read_ahead_mark_ = std::max(read_ahead_mark_, to);
-    from = start;
-  }
-  std::vector<std::size_t> blocks;
-  for (std::size_t p = from; p < to; ++p) {
-    const std::size_t block = order[p] / kShuffleBlockSamples;
-    std::atomic<std::uint64_t>& asked = read_ahead_epoch_[block];
-    // Exactly one caller asks for a block in an epoch, whichever reader gets there first.
-    std::uint64_t was = asked.load(std::memory_order_relaxed);
-    while (was != epoch + 1 && !asked.compare_exchange_weak(was, epoch + 1)) {
-    }
-    if (was != epoch + 1) blocks.push_back(block);
+    state.reached = std::max(state.reached, to);
   }
   // In file order: the device reads them as one pass over that stretch of the file.
   std::sort(blocks.begin(), blocks.end());
@@ -510,6 +493,21 @@ void Loader::read_ahead(std::size_t epoch, const std::vector<std::size_t>& order
     const std::size_t first = block * kShuffleBlockSamples;
     file_.read_ahead(config_.split, first, std::min(kShuffleBlockSamples, info_.samples - first));
   }
+}
+
+std::vector<std::size_t> Loader::batch_indices(const std::vector<std::size_t>& order,
+                                               std::size_t step, std::size_t replica) const {
+  const std::size_t per_batch = config_.samples_per_step;
+  std::vector<std::size_t> indices(per_batch);
+  for (std::size_t k = 0; k < per_batch; ++k)
+    indices[k] = order[(step * per_batch + k) * config_.replicas + replica];
+  return indices;
+}
+
+std::vector<std::size_t> Loader::batch_shape(const ArraySpec& spec) const {
+  std::vector<std::size_t> shape{config_.samples_per_step};
+  shape.insert(shape.end(), spec.sample_shape.begin(), spec.sample_shape.end());
+  return shape;
 }
 
 std::vector<std::byte> Loader::take_buffer(std::size_t bytes) const {

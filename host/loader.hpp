@@ -162,15 +162,22 @@ class Loader {
   std::vector<std::byte> take_buffer(std::size_t bytes) const;
   mutable std::mutex spare_mutex_;
   mutable std::vector<std::vector<std::byte>> spare_;
+  bool windowed() const { return config_.shuffle && config_.shuffle_window > 0; }
+  // The file indices of replica's batch at `step` of an epoch in `order`.
+  std::vector<std::size_t> batch_indices(const std::vector<std::size_t>& order, std::size_t step,
+                                         std::size_t replica) const;
+  // [samples_per_step, sample shape...]
+  std::vector<std::size_t> batch_shape(const ArraySpec& spec) const;
   // Windowed shuffle: asks the system to read the blocks of the samples at order positions
   // [from, from + window + one global batch) that it has not been asked for this epoch.
   void read_ahead(std::size_t epoch, const std::vector<std::size_t>& order, std::size_t from) const;
-  // Per block of kShuffleBlockSamples: 1 + the last epoch it was read ahead for.
-  std::unique_ptr<std::atomic<std::uint64_t>[]> read_ahead_epoch_;
-  // 1 + the epoch of the furthest read-ahead scan, and the order position it reached.
+  struct ReadAhead {
+    std::vector<std::uint64_t> block_epoch;  // per block: 1 + the last epoch it was asked for
+    std::uint64_t epoch = 0;                 // 1 + the epoch the scans have reached into,
+    std::size_t reached = 0;                 // and the order position they reached
+  };
   mutable std::mutex read_ahead_mutex_;
-  mutable std::uint64_t read_ahead_mark_epoch_ = 0;
-  mutable std::size_t read_ahead_mark_ = 0;
+  mutable ReadAhead read_ahead_state_;
   // Per sample of the split: already found finite (see LoaderConfig::check_finite).
   std::unique_ptr<std::atomic<bool>[]> finite_checked_;
   mutable std::mutex stats_mutex_;
