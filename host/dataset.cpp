@@ -176,27 +176,35 @@ struct DatasetFile::Impl {
     }
   }
 
-  void check_reads(const SplitIn& in, const std::string& split_name,
-                   std::span<const SampleRead> reads) const {
-    for (const SampleRead& read : reads) {
-      if (read.index >= in.samples) {
-        throw std::out_of_range("dataset '" + path + "': sample index " +
-                                std::to_string(read.index) + " is out of range for split '" +
-                                split_name + "' with " + std::to_string(in.samples) + " samples");
-      }
+  void check_index(const SplitIn& in, const std::string& split_name, std::size_t index) const {
+    if (index >= in.samples) {
+      throw std::out_of_range("dataset '" + path + "': sample index " + std::to_string(index) +
+                              " is out of range for split '" + split_name + "' with " +
+                              std::to_string(in.samples) + " samples");
     }
+  }
+
+  // "'/train/inputs' of 'FILE'", for messages.
+  std::string array_name(const std::string& split_name, Field field) const {
+    return "'/" + split_name + "/" + std::string(field_name(field)) + "' of '" + path + "'";
+  }
+
+  // [begin, end) widened to whole pages, the end kept inside the mapping.
+  std::pair<std::uint64_t, std::uint64_t> whole_pages(std::uint64_t begin,
+                                                      std::uint64_t end) const {
+    const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    return {begin / page * page,
+            std::min<std::uint64_t>((end + page - 1) / page * page, map_bytes)};
   }
 
   void read_samples(const std::string& split_name, Field field,
                     std::span<const SampleRead> reads) const {
     const SplitIn& in = split(split_name);
-    check_reads(in, split_name, reads);
+    for (const SampleRead& read : reads) check_index(in, split_name, read.index);
     if (reads.empty()) return;
     const ArrayIn& array = Impl::array(in, field);
     if (array.direct) {
-      read_mapped(array,
-                  "'/" + split_name + "/" + std::string(field_name(field)) + "' of '" + path + "'",
-                  reads);
+      read_mapped(array, array_name(split_name, field), reads);
       return;
     }
     std::vector<SampleRead> sorted(reads.begin(), reads.end());
@@ -212,15 +220,13 @@ struct DatasetFile::Impl {
   // to whole pages, [begin, end).
   void add_page_ranges(const ArrayIn& array, std::size_t samples,
                        std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges) const {
-    const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
     const h5::RowLayout& layout = array.layout;
     for (std::size_t block = 0; block < layout.block_offsets.size(); ++block) {
       const std::size_t rows =
           std::min(layout.rows_per_block, samples - block * layout.rows_per_block);
       const std::uint64_t begin = layout.block_offsets[block];
       const std::uint64_t end = begin + rows * layout.row_bytes;
-      ranges.emplace_back(begin / page * page,
-                          std::min<std::uint64_t>((end + page - 1) / page * page, map_bytes));
+      ranges.push_back(whole_pages(begin, end));
     }
   }
 
@@ -415,7 +421,6 @@ void DatasetFile::read_ahead(const std::string& split, std::size_t first, std::s
   const SplitIn& in = impl_->split(split);
   if (count == 0 || first >= in.samples) return;
   count = std::min(count, in.samples - first);
-  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
   for (const ArrayIn* array : {&in.inputs, &in.targets}) {
     if (!array->direct) continue;
     // Rows of one block lie together; a run of rows may cross into the next block.
@@ -425,9 +430,7 @@ void DatasetFile::read_ahead(const std::string& split, std::size_t first, std::s
           std::min(first + count, (block + 1) * array->layout.rows_per_block);
       const std::uint64_t begin = impl_->mapped_row(*array, row).data() - impl_->map;
       const std::uint64_t end = begin + (end_row - row) * array->layout.row_bytes;
-      const std::uint64_t from = begin / page * page;
-      const std::uint64_t to =
-          std::min<std::uint64_t>((end + page - 1) / page * page, impl_->map_bytes);
+      const auto [from, to] = impl_->whole_pages(begin, end);
       ::madvise(const_cast<std::byte*>(impl_->map + from), to - from, MADV_WILLNEED);
       row = end_row;
     }
@@ -438,10 +441,7 @@ void DatasetFile::check_not_truncated(const std::string& split) const {
   const SplitIn& in = impl_->split(split);
   for (const Field field : {Field::inputs, Field::targets}) {
     const ArrayIn& array = Impl::array(in, field);
-    if (array.direct) {
-      impl_->check_not_truncated(array, "'/" + split + "/" + std::string(field_name(field)) +
-                                            "' of '" + impl_->path + "'");
-    }
+    if (array.direct) impl_->check_not_truncated(array, impl_->array_name(split, field));
   }
 }
 
@@ -451,15 +451,8 @@ bool DatasetFile::mapped_samples(const std::string& split, Field field,
   const SplitIn& in = impl_->split(split);
   const ArrayIn& array = Impl::array(in, field);
   if (!array.direct) return false;
-  for (const std::size_t index : indices) {
-    if (index >= in.samples) {
-      throw std::out_of_range("dataset '" + impl_->path + "': sample index " +
-                              std::to_string(index) + " is out of range for split '" + split +
-                              "' with " + std::to_string(in.samples) + " samples");
-    }
-  }
-  impl_->check_not_truncated(
-      array, "'/" + split + "/" + std::string(field_name(field)) + "' of '" + impl_->path + "'");
+  for (const std::size_t index : indices) impl_->check_index(in, split, index);
+  impl_->check_not_truncated(array, impl_->array_name(split, field));
   out.clear();
   out.reserve(indices.size());
   for (const std::size_t index : indices) out.push_back(impl_->mapped_row(array, index));
