@@ -1179,7 +1179,6 @@ void Engine::run_tile(const Node& step, std::size_t tile, std::uint64_t run) con
 }
 
 void Engine::execute_tile_groups(const Node& node) {
-  const ArchPreset& arch = graph_.arch();
   const auto& steps = node.children;
   std::vector<std::uint64_t> runs(steps.size());
   for (auto& run : runs) run = compute_set_runs_++;
@@ -1189,12 +1188,15 @@ void Engine::execute_tile_groups(const Node& node) {
         for (std::size_t i = node.group_begin[g]; i < node.group_begin[g + 1]; ++i)
           run_tile(steps[s], node.group_tiles[i], runs[s]);
   });
-  for (const Node& step : steps) {
-    account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");
-    account("exchange", &CycleBreakdown::exchange, exchanges_[*step.exchange]->cycles, "exchange");
-    account("compute", &CycleBreakdown::compute, compute_sets_[step.index]->cycles, step.name);
-    account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");
-  }
+  for (const Node& step : steps) account_tile_step(step);
+}
+
+void Engine::account_tile_step(const Node& step) {
+  const ArchPreset& arch = graph_.arch();
+  account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");
+  account("exchange", &CycleBreakdown::exchange, exchanges_[*step.exchange]->cycles, "exchange");
+  account("compute", &CycleBreakdown::compute, compute_sets_[step.index]->cycles, step.name);
+  account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");
 }
 
 void Engine::execute(const Node& node) {
@@ -1232,15 +1234,13 @@ void Engine::execute(const Node& node) {
         pool_->parallel_for(arch.tiles, [&](std::size_t b, std::size_t e) {
           for (std::size_t t = b; t < e; ++t) run_tile(node, t, run);
         });
-        account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");
-        account("exchange", &CycleBreakdown::exchange, exchanges_[*node.exchange]->cycles,
-                "exchange");
-      } else {
-        // Vertices of a compute set write disjoint memory, so any split of them is exact.
-        pool_->parallel_for(cs.vertices.size(), [&](std::size_t b, std::size_t e) {
-          for (std::size_t i = b; i < e; ++i) cs.run_vertex(i, options_.float16_stores, run);
-        });
+        account_tile_step(node);
+        break;
       }
+      // Vertices of a compute set write disjoint memory, so any split of them is exact.
+      pool_->parallel_for(cs.vertices.size(), [&](std::size_t b, std::size_t e) {
+        for (std::size_t i = b; i < e; ++i) cs.run_vertex(i, options_.float16_stores, run);
+      });
       account("compute", &CycleBreakdown::compute, cs.cycles, node.name);
       account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");
       break;

@@ -166,6 +166,8 @@ class Engine {
   void execute(const Node& node);
   void execute_tile_groups(const Node& node);
   void run_tile(const Node& step, std::size_t tile, std::uint64_t run) const;
+  // The cycles of an exchange-and-compute step: sync, exchange, compute, sync.
+  void account_tile_step(const Node& step);
 
   const Graph& graph_;
   EngineOptions options_;
