@@ -203,26 +203,6 @@ void block_rows_baseline(const float* a, const float* b, float* const* c, std::s
   Kernel<4, 6, 2>::block_rows(a, b, c, bm, k, n, ta, tb, r0, rows);
 }
 
-struct KernelVariant {
-  const char* isa;
-  KernelFunction function;
-};
-
-// The variants this host can run, best first.
-const std::vector<KernelVariant>& kernel_variants() {
-  static const std::vector<KernelVariant> variants = [] {
-    std::vector<KernelVariant> v;
-#if defined(IPUPOD_MATMUL_VARIANTS)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("x86-64-v4")) v.push_back({"avx512", block_rows_avx512});
-    if (__builtin_cpu_supports("x86-64-v3")) v.push_back({"avx2", block_rows_avx2});
-#endif
-    v.push_back({"baseline", block_rows_baseline});
-    return v;
-  }();
-  return variants;
-}
-
 // add_partials over elements [j, n) in whole host vectors of Lanes floats; returns where it
 // stopped. Each vector of sums stays in a register while every partial is added to it.
 template <std::size_t Lanes>
@@ -276,19 +256,49 @@ void add_partials_baseline(const float* const* parts, std::size_t count, float* 
   add_partials_in<4>(parts, count, out, n);
 }
 
-AddPartialsFunction best_add_partials() {
+struct KernelVariant {
+  const char* isa;
+  KernelFunction function;
+  AddPartialsFunction add_partials;
+};
+
+// The variants this host can run, best first.
+const std::vector<KernelVariant>& kernel_variants() {
+  static const std::vector<KernelVariant> variants = [] {
+    std::vector<KernelVariant> v;
 #if defined(IPUPOD_MATMUL_VARIANTS)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("x86-64-v4")) return add_partials_avx512;
-  if (__builtin_cpu_supports("x86-64-v3")) return add_partials_avx2;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("x86-64-v4"))
+      v.push_back({"avx512", block_rows_avx512, add_partials_avx512});
+    if (__builtin_cpu_supports("x86-64-v3"))
+      v.push_back({"avx2", block_rows_avx2, add_partials_avx2});
 #endif
-  return add_partials_baseline;
+    v.push_back({"baseline", block_rows_baseline, add_partials_baseline});
+    return v;
+  }();
+  return variants;
+}
+
+// The variant built for `isa`; invalid_argument if it is not built or this host lacks it.
+const KernelVariant& kernel_variant(std::string_view isa) {
+  const auto& variants = kernel_variants();
+  auto it = std::find_if(variants.begin(), variants.end(),
+                         [&](const KernelVariant& v) { return v.isa == isa; });
+  if (it == variants.end())
+    throw std::invalid_argument("matmul kernel for '" + std::string(isa) +
+                                "' is not built or not supported by this host");
+  return *it;
 }
 }  // namespace
 
 void add_partials(const float* const* parts, std::size_t count, float* out, std::size_t n) {
-  static const AddPartialsFunction best = best_add_partials();
+  static const AddPartialsFunction best = kernel_variants().front().add_partials;
   best(parts, count, out, n);
+}
+
+void add_partials(const float* const* parts, std::size_t count, float* out, std::size_t n,
+                  std::string_view isa) {
+  kernel_variant(isa).add_partials(parts, count, out, n);
 }
 
 std::vector<std::string> matmul_kernel_isas() {
@@ -300,17 +310,12 @@ std::vector<std::string> matmul_kernel_isas() {
 void matmul_block_rows(const float* a, const float* b, float* const* c, std::size_t bm,
                        std::size_t k, std::size_t n, bool transpose_a, bool transpose_b,
                        std::size_t r0, std::size_t rows, std::string_view isa) {
-  const auto& variants = kernel_variants();
-  auto it = std::find_if(variants.begin(), variants.end(),
-                         [&](const KernelVariant& v) { return v.isa == isa; });
-  if (it == variants.end())
-    throw std::invalid_argument("matmul kernel for '" + std::string(isa) +
-                                "' is not built or not supported by this host");
+  const KernelVariant& variant = kernel_variant(isa);
   if (k == 0) {
     for (std::size_t i = 0; i < rows; ++i) std::fill_n(c[i], n, 0.f);
     return;
   }
-  it->function(a, b, c, bm, k, n, transpose_a, transpose_b, r0, rows);
+  variant.function(a, b, c, bm, k, n, transpose_a, transpose_b, r0, rows);
 }
 
 void matmul_block_rows(const float* a, const float* b, float* const* c, std::size_t bm,

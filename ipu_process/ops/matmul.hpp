@@ -47,6 +47,9 @@ void matmul_block_rows(const float* a, const float* b, float* const* c, std::siz
 // The host kernel of the MatMulReduce codelet: out[j] = parts[0][j] + parts[1][j] + ... for
 // j < n, added in that order in float32 (count >= 1 partials, none overlapping out).
 void add_partials(const float* const* parts, std::size_t count, float* out, std::size_t n);
+// The same with the kernel built for host instruction set `isa` (see matmul_kernel_isas).
+void add_partials(const float* const* parts, std::size_t count, float* out, std::size_t n,
+                  std::string_view isa);
 
 // The host instruction sets the kernel is built for that this host runs, best first (the one
 // matmul_block_rows uses), and the kernel of a given one, so that tests can check each.

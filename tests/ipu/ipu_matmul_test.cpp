@@ -94,12 +94,19 @@ TEST(MatMulReduce, AddsThePartialsInOrderLikeAPlainLoop) {
         for (auto& x : parts[g]) x = d(gen) * std::ldexp(1.f, static_cast<int>(g % 3) * 12);
       std::vector<const float*> pointers;
       for (const auto& p : parts) pointers.push_back(p.data());
+      std::vector<float> ref(n);
+      for (std::size_t j = 0; j < n; ++j) {
+        ref[j] = parts[0][j];
+        for (std::size_t g = 1; g < count; ++g) ref[j] += parts[g][j];
+      }
       std::vector<float> out(n, -7.f);
       ops::add_partials(pointers.data(), count, out.data(), n);
-      for (std::size_t j = 0; j < n; ++j) {
-        float ref = parts[0][j];
-        for (std::size_t g = 1; g < count; ++g) ref += parts[g][j];
-        ASSERT_EQ(out[j], ref) << count << " partials, n=" << n << ", element " << j;
+      ASSERT_EQ(out, ref) << count << " partials, n=" << n;
+      // Every instruction set this host runs gives the same bits.
+      for (const std::string& isa : ops::matmul_kernel_isas()) {
+        std::fill(out.begin(), out.end(), -7.f);
+        ops::add_partials(pointers.data(), count, out.data(), n, isa);
+        ASSERT_EQ(out, ref) << isa << ", " << count << " partials, n=" << n;
       }
     }
 }
