@@ -45,6 +45,16 @@ ClientConfig client_config(std::uint16_t port, const std::string& secret, std::s
   return config;
 }
 
+// Client 0, connected to a server that waits for just it, with `credits` frames of credit.
+std::unique_ptr<StreamClient> connect_one(StreamServer& server, const std::string& secret,
+                                          std::size_t credits = 4) {
+  auto pending = std::async(std::launch::async, [&] {
+    return std::make_unique<StreamClient>(client_config(server.port(), secret, 0, credits));
+  });
+  server.accept_clients();
+  return pending.get();
+}
+
 Frame frame_of(std::uint16_t stream, std::uint64_t step, std::int32_t value) {
   return Frame{stream, step,
                HostArray::from_values<std::int32_t>({2}, std::vector<std::int32_t>{value, -value})};
@@ -158,11 +168,7 @@ TEST(Stream, TwoClientsRoundTripBothWays) {
 TEST(Stream, PiecesArriveAsOneArray) {
   const std::string secret = make_secret();
   StreamServer server(server_config(secret, 1));
-  auto pending = std::async(std::launch::async, [&] {
-    return std::make_unique<StreamClient>(client_config(server.port(), secret, 0));
-  });
-  server.accept_clients();
-  const std::unique_ptr<StreamClient> client = pending.get();
+  const std::unique_ptr<StreamClient> client = connect_one(server, secret);
   // 300 rows of 5 int32 from scattered places of one buffer (more pieces than one gather write
   // system call takes), in reverse order.
   const HostArray source = HostArray::from_values<std::int32_t>({600, 5}, [] {
@@ -195,11 +201,7 @@ TEST(Stream, PiecesArriveAsOneArray) {
 TEST(Stream, SendBlocksWhenTheClientHasNoCredit) {
   const std::string secret = make_secret();
   StreamServer server(server_config(secret, 1));
-  auto pending = std::async(std::launch::async, [&] {
-    return std::make_unique<StreamClient>(client_config(server.port(), secret, 0, /*credits=*/2));
-  });
-  server.accept_clients();
-  auto client = pending.get();
+  const std::unique_ptr<StreamClient> client = connect_one(server, secret, 2);
 
   server.send(0, frame_of(0, 0, 1));
   server.send(0, frame_of(0, 1, 2));
@@ -291,11 +293,7 @@ TEST(Stream, AcceptTimesOutNamingTheMissingClients) {
 TEST(Stream, ReceiveReportsADisconnectedClient) {
   const std::string secret = make_secret();
   StreamServer server(server_config(secret, 1));
-  auto pending = std::async(std::launch::async, [&] {
-    return std::make_unique<StreamClient>(client_config(server.port(), secret, 0));
-  });
-  server.accept_clients();
-  auto client = pending.get();
+  const std::unique_ptr<StreamClient> client = connect_one(server, secret);
   client->send(frame_of(0, 1, 1));
   client->close();
   EXPECT_EQ(server.receive(0).step, 1u);  // frames sent before the close still arrive
@@ -312,11 +310,7 @@ TEST(Stream, ReceiveReportsADisconnectedClient) {
 TEST(Stream, ClientSeesTheHostClosing) {
   const std::string secret = make_secret();
   StreamServer server(server_config(secret, 1));
-  auto pending = std::async(std::launch::async, [&] {
-    return std::make_unique<StreamClient>(client_config(server.port(), secret, 0));
-  });
-  server.accept_clients();
-  auto client = pending.get();
+  const std::unique_ptr<StreamClient> client = connect_one(server, secret);
   server.close();
   EXPECT_THROW(client->receive(), StreamError);
 }
