@@ -384,14 +384,14 @@ void divide(std::span<float> values, int participants) {
 
 template <typename T>
 constexpr DataType data_type_of() {
-  return std::is_same_v<T, Half> ? DataType::float16 : DataType::float32;
+  return std::is_same_v<T, float16::Half> ? DataType::float16 : DataType::float32;
 }
 
 // Stores the float32 results of `range` into the caller's buffer (rounding float16 once).
 template <typename T>
 void store(std::span<const float> from, std::span<T> to) {
-  if constexpr (std::is_same_v<T, Half>) {
-    narrow(from, to);
+  if constexpr (std::is_same_v<T, float16::Half>) {
+    float16::narrow(from, to);
   } else if (from.data() != to.data() && !from.empty()) {
     std::memcpy(to.data(), from.data(), from.size_bytes());
   }
@@ -405,9 +405,9 @@ CollectiveReport all_reduce_typed(Transport& t, std::span<T> data, ReduceOp op,
       prepare(Collective::all_reduce, data_type_of<T>(), data.size(), n, options);
   if (n > 1 && !data.empty()) {
     std::span<float> acc;
-    if constexpr (std::is_same_v<T, Half>) {
+    if constexpr (std::is_same_v<T, float16::Half>) {
       acc = impl::scratch(impl::kWorkingCopySlot, data.size());
-      widen(data, acc);
+      float16::widen(data, acc);
     } else {
       acc = data;
     }
@@ -447,8 +447,8 @@ CollectiveReport reduce_scatter_typed(Transport& t, std::span<const T> input, st
   const Prepared prepared =
       prepare(Collective::reduce_scatter, data_type_of<T>(), input.size(), n, options);
   const std::span<float> acc = impl::scratch(impl::kWorkingCopySlot, input.size());
-  if constexpr (std::is_same_v<T, Half>) {
-    widen(input, acc);
+  if constexpr (std::is_same_v<T, float16::Half>) {
+    float16::widen(input, acc);
   } else if (!input.empty()) {
     std::memcpy(acc.data(), input.data(), input.size_bytes());
   }
@@ -629,7 +629,7 @@ CollectiveReport all_reduce(Transport& t, std::span<float> data, ReduceOp op,
                             const CollectiveOptions& options) {
   return all_reduce_typed(t, data, op, options);
 }
-CollectiveReport all_reduce(Transport& t, std::span<Half> data, ReduceOp op,
+CollectiveReport all_reduce(Transport& t, std::span<float16::Half> data, ReduceOp op,
                             const CollectiveOptions& options) {
   return all_reduce_typed(t, data, op, options);
 }
@@ -638,8 +638,9 @@ CollectiveReport reduce_scatter(Transport& t, std::span<const float> input, std:
                                 ReduceOp op, const CollectiveOptions& options) {
   return reduce_scatter_typed(t, input, block, op, options);
 }
-CollectiveReport reduce_scatter(Transport& t, std::span<const Half> input, std::span<Half> block,
-                                ReduceOp op, const CollectiveOptions& options) {
+CollectiveReport reduce_scatter(Transport& t, std::span<const float16::Half> input,
+                                std::span<float16::Half> block, ReduceOp op,
+                                const CollectiveOptions& options) {
   return reduce_scatter_typed(t, input, block, op, options);
 }
 
@@ -647,8 +648,8 @@ CollectiveReport all_gather(Transport& t, std::span<const float> block, std::spa
                             const CollectiveOptions& options) {
   return all_gather_typed(t, block, output, options);
 }
-CollectiveReport all_gather(Transport& t, std::span<const Half> block, std::span<Half> output,
-                            const CollectiveOptions& options) {
+CollectiveReport all_gather(Transport& t, std::span<const float16::Half> block,
+                            std::span<float16::Half> output, const CollectiveOptions& options) {
   return all_gather_typed(t, block, output, options);
 }
 

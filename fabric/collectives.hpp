@@ -9,9 +9,9 @@
 #include <string_view>
 #include <vector>
 
-#include "fabric/half.hpp"
 #include "fabric/topology.hpp"
 #include "fabric/transport.hpp"
+#include "float16/half.hpp"
 
 namespace ipupod::fabric {
 
@@ -91,22 +91,23 @@ RingChunk ring_chunk(std::size_t length, int participants, int chunk);
 // in float32 (partial results travel as float32) and rounded once to nearest even.
 CollectiveReport all_reduce(Transport& t, std::span<float> data, ReduceOp op,
                             const CollectiveOptions& options = {});
-CollectiveReport all_reduce(Transport& t, std::span<Half> data, ReduceOp op,
+CollectiveReport all_reduce(Transport& t, std::span<float16::Half> data, ReduceOp op,
                             const CollectiveOptions& options = {});
 
 // Rank r receives block r (ring_chunk(input.size(), n, r)) of the reduction, with the order of
 // operations of all_reduce (ring or bidirectional_ring). `block` must have that block's size.
 CollectiveReport reduce_scatter(Transport& t, std::span<const float> input, std::span<float> block,
                                 ReduceOp op, const CollectiveOptions& options = {});
-CollectiveReport reduce_scatter(Transport& t, std::span<const Half> input, std::span<Half> block,
-                                ReduceOp op, const CollectiveOptions& options = {});
+CollectiveReport reduce_scatter(Transport& t, std::span<const float16::Half> input,
+                                std::span<float16::Half> block, ReduceOp op,
+                                const CollectiveOptions& options = {});
 
 // Every rank ends with `output` = the concatenation of every rank's block; rank r's block is
 // ring_chunk(output.size(), n, r) and `block` must have that size (ring or bidirectional_ring).
 CollectiveReport all_gather(Transport& t, std::span<const float> block, std::span<float> output,
                             const CollectiveOptions& options = {});
-CollectiveReport all_gather(Transport& t, std::span<const Half> block, std::span<Half> output,
-                            const CollectiveOptions& options = {});
+CollectiveReport all_gather(Transport& t, std::span<const float16::Half> block,
+                            std::span<float16::Half> output, const CollectiveOptions& options = {});
 
 // Copies data of `root` into data of every rank; sizes must agree (tree or ring).
 CollectiveReport broadcast(Transport& t, std::span<std::byte> data, int root,

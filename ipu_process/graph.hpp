@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ipu_process/arch.hpp"
+#include "ipu_process/planning.hpp"
 
 namespace ipupod::ipu {
 
@@ -139,9 +140,6 @@ struct ComputeSet {
   std::string name;
   std::vector<Vertex> vertices;
 };
-
-// Poplar's default share of a tile's memory an op's plan may use (availableMemoryProportion).
-inline constexpr double kDefaultAvailableMemoryProportion = 0.6;
 
 class Graph {
  public:

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "ipu_process/graph.hpp"
+#include "ipu_process/planning.hpp"
 
 namespace ipupod::pod {
 

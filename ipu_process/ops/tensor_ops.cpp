@@ -8,7 +8,7 @@
 #include <optional>
 #include <stdexcept>
 
-#include "fabric/half.hpp"
+#include "float16/half.hpp"
 #include "ipu_process/codelets.hpp"
 #include "ipu_process/ops/common.hpp"
 #include "ipu_process/ops/elementwise.hpp"
@@ -374,10 +374,10 @@ void register_tensor_codelets(CodeletRegistry& r) {
          [](const Vertex& v, const ArchPreset& a) { return out_field_cycles(v, a, 0, 4); }});
   r.add(cast_codelet<std::uint16_t, float>("CastToFloat",
                                            "out = in, float16 widened to float32 (exact)",
-                                           [](std::uint16_t h) { return fabric::to_float({h}); }));
+                                           [](std::uint16_t h) { return float16::to_float({h}); }));
   r.add(cast_codelet<float, std::uint16_t>(
       "CastToHalf", "out = in, float32 rounded to float16 to nearest, ties to even",
-      [](float x) { return fabric::to_half(x).bits; }));
+      [](float x) { return float16::to_half(x).bits; }));
   r.add({"CastToHalfStochastic",
          "out = in, float32 rounded to float16 stochastically (unbiased) by a counter-based "
          "generator keyed by (seed, invocation, begin + i); params: seed high and low 32 bits, "
@@ -389,7 +389,7 @@ void register_tensor_codelets(CodeletRegistry& r) {
            const std::uint64_t key = invocation_key(c, 0, 2);
            const std::uint64_t begin = c.size_param(2);
            for (std::size_t i = 0; i < in.size(); ++i)
-             out[i] = fabric::to_half_stochastic(in[i], counter_hash(key + begin + i)).bits;
+             out[i] = float16::to_half_stochastic(in[i], counter_hash(key + begin + i)).bits;
          },
          // The draw costs about as much as the random mask's.
          [](const Vertex& v, const ArchPreset& a) { return cast_cycles(v, a, 4); },

@@ -40,7 +40,7 @@ void expect_same_on_every_rank(Transport& t, std::uint64_t hash, const char* wha
 
 float typed_input(int rank, std::size_t i, DataType type) {
   const float value = input_value(rank, i);
-  return type == DataType::float16 ? to_float(to_half(value)) : value;
+  return type == DataType::float16 ? float16::to_float(float16::to_half(value)) : value;
 }
 
 float apply(ReduceOp op, float partial, float value) {
@@ -120,7 +120,7 @@ std::vector<float> reference_all_reduce(int participants, std::size_t length, Re
   std::vector<float> result(length);
   const auto finish = [&](float value) {
     if (op == ReduceOp::mean) value = value / static_cast<float>(participants);
-    return type == DataType::float16 ? to_float(to_half(value)) : value;
+    return type == DataType::float16 ? float16::to_float(float16::to_half(value)) : value;
   };
   if (stages.size() == 1 && stages.front().size() == 1) {
     // One ring: fold each element straight from the inputs, without n copies of the buffer.
@@ -178,8 +178,8 @@ namespace {
 
 template <typename T>
 T from_float(float value) {
-  if constexpr (std::is_same_v<T, Half>) {
-    return to_half(value);
+  if constexpr (std::is_same_v<T, float16::Half>) {
+    return float16::to_half(value);
   } else {
     return value;
   }
@@ -187,8 +187,8 @@ T from_float(float value) {
 
 template <typename T>
 float as_float(T value) {
-  if constexpr (std::is_same_v<T, Half>) {
-    return to_float(value);
+  if constexpr (std::is_same_v<T, float16::Half>) {
+    return float16::to_float(value);
   } else {
     return value;
   }
@@ -268,7 +268,7 @@ void check_all_reduce(Transport& t, std::size_t length, ReduceOp op, const CaseO
                << options.collective.segment_bytes << " on rank " << t.rank() << " of "
                << t.size());
   if (options.type == DataType::float16) {
-    all_reduce_case<Half>(t, length, op, options);
+    all_reduce_case<float16::Half>(t, length, op, options);
   } else {
     all_reduce_case<float>(t, length, op, options);
   }
@@ -281,7 +281,7 @@ void check_reduce_scatter(Transport& t, std::size_t length, ReduceOp op,
                << to_string(options.collective.algorithm) << " length " << length << " on rank "
                << t.rank() << " of " << t.size());
   if (options.type == DataType::float16) {
-    reduce_scatter_case<Half>(t, length, op, options);
+    reduce_scatter_case<float16::Half>(t, length, op, options);
   } else {
     reduce_scatter_case<float>(t, length, op, options);
   }
@@ -292,7 +292,7 @@ void check_all_gather(Transport& t, std::size_t length, const CaseOptions& optio
                                     << to_string(options.collective.algorithm) << " length "
                                     << length << " on rank " << t.rank() << " of " << t.size());
   if (options.type == DataType::float16) {
-    all_gather_case<Half>(t, length, options);
+    all_gather_case<float16::Half>(t, length, options);
   } else {
     all_gather_case<float>(t, length, options);
   }

@@ -10,7 +10,7 @@
 #include <numeric>
 #include <vector>
 
-#include "fabric/half.hpp"
+#include "float16/half.hpp"
 #include "ipu_process/engine.hpp"
 #include "ipu_process/ops/conv.hpp"
 #include "ipu_process/ops/elementwise.hpp"
@@ -21,11 +21,11 @@
 namespace ipupod::ipu {
 namespace {
 
-using fabric::Half;
+using float16::Half;
 
 std::vector<std::uint16_t> half_bits(const std::vector<float>& v) {
   std::vector<std::uint16_t> out;
-  for (float x : v) out.push_back(fabric::to_half(x).bits);
+  for (float x : v) out.push_back(float16::to_half(x).bits);
   return out;
 }
 
@@ -38,7 +38,7 @@ std::vector<std::uint16_t> read_bits(const Engine& e, const Tensor& t) {
 
 std::vector<float> read_halves(const Engine& e, const Tensor& t) {
   std::vector<float> out;
-  for (std::uint16_t b : read_bits(e, t)) out.push_back(fabric::to_float(Half{b}));
+  for (std::uint16_t b : read_bits(e, t)) out.push_back(float16::to_float(Half{b}));
   return out;
 }
 
@@ -97,7 +97,7 @@ TEST(Float16Cast, RoundsToNearestEvenBitwiseLikeTheFabricAndWidensExactly) {
   const auto bits = read_bits(e, half);
   const auto widened = read_floats(e, back);
   for (std::size_t i = 0; i < values.size(); ++i) {
-    const Half want = fabric::to_half(values[i]);
+    const Half want = float16::to_half(values[i]);
     if (is_nan_bits(want.bits)) {
       EXPECT_TRUE(is_nan_bits(bits[i])) << i;
       EXPECT_TRUE(std::isnan(widened[i])) << i;
@@ -105,7 +105,7 @@ TEST(Float16Cast, RoundsToNearestEvenBitwiseLikeTheFabricAndWidensExactly) {
     }
     ASSERT_EQ(bits[i], want.bits) << "value " << values[i] << " at " << i;
     ASSERT_EQ(std::bit_cast<std::uint32_t>(widened[i]),
-              std::bit_cast<std::uint32_t>(fabric::to_float(want)))
+              std::bit_cast<std::uint32_t>(float16::to_float(want)))
         << i;
   }
 }
@@ -138,14 +138,14 @@ TEST(Float16Cast, StochasticRoundingIsUnbiasedAndTheSameForAnyThreadCount) {
   for (const auto& bits : one) {
     std::vector<float> v;
     for (auto b : bits) {
-      v.push_back(fabric::to_float(Half{b}));
+      v.push_back(float16::to_float(Half{b}));
       ASSERT_TRUE(v.back() == 1.F || v.back() == 1.F + 0x1p-10F) << "not a neighbour: " << v.back();
     }
     EXPECT_NEAR(mean(v), kBetween, five_sigma);
   }
   std::vector<float> nearest;
   const auto nearest_runs = run(Rounding::nearest_even, 1);
-  for (auto b : nearest_runs[0]) nearest.push_back(fabric::to_float(Half{b}));
+  for (auto b : nearest_runs[0]) nearest.push_back(float16::to_float(Half{b}));
   EXPECT_EQ(mean(nearest), 1.0) << "rounding to nearest is biased: always the lower neighbour";
 }
 
@@ -190,8 +190,8 @@ TEST(Float16Codelets, ComputeInFloat32AndRoundOnceToNearestEven) {
   const auto got32 = read_floats(e, t.acc32);
   const auto unchanged = read_bits(e, t.g16);
   for (std::size_t i = 0; i < n; ++i) {
-    const float a = fabric::to_float(Half{acc_bits[i]}), x = fabric::to_float(Half{grad_bits[i]});
-    ASSERT_EQ(got16[i], fabric::to_half(a + 0.375F * x).bits) << i;
+    const float a = float16::to_float(Half{acc_bits[i]}), x = float16::to_float(Half{grad_bits[i]});
+    ASSERT_EQ(got16[i], float16::to_half(a + 0.375F * x).bits) << i;
     ASSERT_EQ(got32[i], acc[i] + 0.375F * x) << "a float32 accumulator keeps float32 " << i;
     ASSERT_EQ(unchanged[i], grad_bits[i]) << "an input stays as it was " << i;
   }
@@ -212,7 +212,7 @@ TEST(Float16Codelets, StochasticStoresAreUnbiasedAndTheSameForAnyThreadCount) {
   };
   const auto one = run(Rounding::stochastic, 1);
   EXPECT_EQ(one, run(Rounding::stochastic, 2));
-  const float exact = 1.F + 0.375F * fabric::to_float(fabric::to_half((kBetween - 1.F) / 0.375F));
+  const float exact = 1.F + 0.375F * float16::to_float(float16::to_half((kBetween - 1.F) / 0.375F));
   EXPECT_NEAR(mean(one), exact, 5 * 0x1p-10 / (2 * std::sqrt(double(n))));
   EXPECT_EQ(mean(run(Rounding::nearest_even, 1)), 1.0) << "to nearest: the update is lost";
 }
@@ -258,8 +258,8 @@ TEST(Float16Matmul, AccumulatesInFloat32AtTheFloat16Rate) {
     for (std::size_t j = 0; j < n; ++j) {
       double want = 0;
       for (std::size_t p = 0; p < k; ++p)
-        want += double(fabric::to_float(fabric::to_half(a[i * k + p]))) *
-                fabric::to_float(fabric::to_half(b[p * n + j]));
+        want += double(float16::to_float(float16::to_half(a[i * k + p]))) *
+                float16::to_float(float16::to_half(b[p * n + j]));
       // float32 sums, then one rounding to float16: within one float16 step of the exact sum.
       const double step = std::ldexp(1.0, std::ilogb(std::max(std::abs(want), 1e-3)) - 10);
       ASSERT_NEAR(got[i * n + j], want, step) << i << "," << j;
@@ -272,7 +272,7 @@ TEST(Float16Conv, ForwardAndGradientsMatchFloat32RoundedOnce) {
   const std::vector<std::size_t> xs = {2, 3, 7, 6}, ws = {4, 3, 3, 3}, ys = {2, 4, 7, 6};
   const ops::ConvParams p{.pad_top = 1, .pad_bottom = 1, .pad_left = 1, .pad_right = 1};
   const auto exact = [](std::vector<float> v) {
-    for (float& x : v) x = fabric::to_float(fabric::to_half(x));
+    for (float& x : v) x = float16::to_float(float16::to_half(x));
     return v;
   };
   const auto x = exact(random_floats(count(xs), 11)), w = exact(random_floats(count(ws), 12)),
@@ -306,7 +306,7 @@ TEST(Float16Conv, ForwardAndGradientsMatchFloat32RoundedOnce) {
   const auto half = run(DType::f16), full = run(DType::f32);
   for (std::size_t k = 0; k < half.size(); ++k)
     for (std::size_t i = 0; i < half[k].size(); ++i)
-      ASSERT_EQ(half[k][i], fabric::to_float(fabric::to_half(full[k][i])))
+      ASSERT_EQ(half[k][i], float16::to_float(float16::to_half(full[k][i])))
           << "output " << k << " element " << i;
   Graph g(ArchPreset::get("tiny"));
   Program prog;

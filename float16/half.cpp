@@ -1,15 +1,14 @@
 // float16 <-> float32 by bit manipulation, so the result does not depend on the compiler's
 // or the CPU's half-precision support.
-#include "fabric/half.hpp"
+#include "float16/half.hpp"
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <stdexcept>
 #include <string>
 
-#include "fabric/error.hpp"
-
-namespace ipupod::fabric {
+namespace ipupod::float16 {
 namespace {
 
 constexpr std::uint32_t kFloatSignBit = 0x80000000U;
@@ -106,18 +105,18 @@ Half to_half_stochastic(float value, std::uint64_t random) {
 
 void widen(std::span<const Half> from, std::span<float> to) {
   if (from.size() != to.size()) {
-    throw FabricError("widen: " + std::to_string(from.size()) + " float16 values into " +
-                      std::to_string(to.size()) + " float32 slots; sizes must agree");
+    throw std::invalid_argument("widen: " + std::to_string(from.size()) + " float16 values into " +
+                                std::to_string(to.size()) + " float32 slots; sizes must agree");
   }
   for (std::size_t i = 0; i < from.size(); ++i) to[i] = to_float(from[i]);
 }
 
 void narrow(std::span<const float> from, std::span<Half> to) {
   if (from.size() != to.size()) {
-    throw FabricError("narrow: " + std::to_string(from.size()) + " float32 values into " +
-                      std::to_string(to.size()) + " float16 slots; sizes must agree");
+    throw std::invalid_argument("narrow: " + std::to_string(from.size()) + " float32 values into " +
+                                std::to_string(to.size()) + " float16 slots; sizes must agree");
   }
   for (std::size_t i = 0; i < from.size(); ++i) to[i] = to_half(from[i]);
 }
 
-}  // namespace ipupod::fabric
+}  // namespace ipupod::float16

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <span>
 
-namespace ipupod::fabric {
+namespace ipupod::float16 {
 
 // The 16 bits of one float16 value: sign, 5-bit exponent (bias 15), 10-bit mantissa.
 struct Half {
@@ -24,7 +24,8 @@ Half to_half(float value);
 // Magnitudes from 65504 up to 2^16 may round to infinity, 2^16 and above always do.
 Half to_half_stochastic(float value, std::uint64_t random);
 
-void widen(std::span<const Half> from, std::span<float> to);   // sizes must agree
-void narrow(std::span<const float> from, std::span<Half> to);  // sizes must agree
+// Sizes must agree (std::invalid_argument otherwise).
+void widen(std::span<const Half> from, std::span<float> to);
+void narrow(std::span<const float> from, std::span<Half> to);
 
-}  // namespace ipupod::fabric
+}  // namespace ipupod::float16
