@@ -1,0 +1,420 @@
+// Engine compilation: each program becomes a tree of nodes (compute sets with their vertices'
+// regions and cycles, exchanges with their transfers), exchanges fused with the steps after them.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+
+#include "ipu_process/engine.hpp"
+#include "ipu_process/engine/engine_internal.hpp"
+
+namespace ipupod::ipu {
+
+namespace {
+// Host-side choice, not a hardware figure: a run of exchanges and compute sets goes group by
+// group of tiles only if no group holds more than 1/kTilesPerGroupDivisor of the tiles.
+constexpr unsigned kTilesPerGroupDivisor = 8;
+
+// A set of byte ranges of tile memory, for the compile-time checks that decide whether data
+// movements may run out of program order: add ranges, seal, then ask about overlaps.
+class ByteRanges {
+ public:
+  void add(const std::byte* data, std::size_t bytes) {
+    if (data != nullptr && bytes > 0) ranges_.emplace_back(address(data), address(data) + bytes);
+  }
+  void seal() {  // sorts (they often come in order) and merges, so that ends increase too
+    if (!std::is_sorted(ranges_.begin(), ranges_.end())) std::sort(ranges_.begin(), ranges_.end());
+    std::size_t out = 0;
+    for (const auto& r : ranges_)
+      if (out > 0 && r.first <= ranges_[out - 1].second)
+        ranges_[out - 1].second = std::max(ranges_[out - 1].second, r.second);
+      else
+        ranges_[out++] = r;
+    ranges_.resize(out);
+  }
+  bool overlaps(const std::byte* data, std::size_t bytes) const {
+    if (data == nullptr || bytes == 0) return false;
+    const std::uintptr_t b = address(data), e = b + bytes;
+    auto it = std::upper_bound(ranges_.begin(), ranges_.end(), b,
+                               [](std::uintptr_t x, const auto& r) { return x < r.second; });
+    return it != ranges_.end() && it->first < e;
+  }
+
+ private:
+  static std::uintptr_t address(const std::byte* p) { return reinterpret_cast<std::uintptr_t>(p); }
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges_;
+};
+
+// Offsets of each key's run in a stable counting sort of keys in [0, buckets): the items of
+// key t go to positions begin[t] .. begin[t + 1]; fills order with the items' new order.
+std::vector<std::size_t> group_by(const std::vector<unsigned>& keys, unsigned buckets,
+                                  std::vector<std::size_t>& order) {
+  std::vector<std::size_t> begin(buckets + 1, 0);
+  for (unsigned k : keys) ++begin[k + 1];
+  std::partial_sum(begin.begin(), begin.end(), begin.begin());
+  std::vector<std::size_t> next(begin.begin(), begin.end() - 1);
+  order.assign(keys.size(), 0);
+  for (std::size_t i = 0; i < keys.size(); ++i) order[next[keys[i]]++] = i;
+  return begin;
+}
+}  // namespace
+
+Engine::Engine(const Graph& graph, std::map<std::string, Program> programs, EngineOptions options)
+    : graph_(graph), options_(options), pool_(std::make_unique<ThreadPool>(options.threads)) {
+  allocate_memory(programs);
+  for (auto& [name, program] : programs)
+    programs_.emplace(name, std::make_unique<Node>(compile(program)));
+}
+
+Engine::~Engine() = default;
+
+Engine::Node Engine::compile(const Program& p) {
+  const ArchPreset& arch = graph_.arch();
+  Node node;
+  node.kind = p.kind();
+  switch (p.kind()) {
+    case Program::Kind::sequence:
+    case Program::Kind::repeat:
+    case Program::Kind::repeat_while_true:
+    case Program::Kind::if_else:
+      node.count = p.count();
+      for (const auto& c : p.children()) node.children.push_back(compile(c));
+      if (node.kind == Program::Kind::sequence) {
+        fuse_exchanges(node);
+        chain_tile_steps(node);
+      }
+      if (!p.tensors().empty()) {
+        node.pieces = resolve(p.tensors()[0]);
+        node.dtype = p.tensors()[0].dtype();
+      }
+      break;
+    case Program::Kind::execute: {
+      const ComputeSet& cs = graph_.compute_sets().at(p.compute_set());
+      node.name = cs.name;
+      if (auto it = compiled_compute_sets_.find(p.compute_set());
+          it != compiled_compute_sets_.end()) {
+        node.index = it->second;
+        break;
+      }
+      auto ccs = std::make_unique<CompiledComputeSet>();
+      const auto& registry = CodeletRegistry::builtin();
+      std::map<unsigned, std::vector<std::uint64_t>> worker_loads;
+      std::size_t vi = 0, fields_so_far = 0;
+      for (const Vertex& v : cs.vertices) {
+        const Codelet& codelet = registry.get(v.codelet);
+        if (v.fields.size() != codelet.fields.size())
+          throw std::logic_error("vertex " + std::to_string(vi) + " (" + v.codelet +
+                                 ") of compute set '" + cs.name + "' connects " +
+                                 std::to_string(v.fields.size()) + " fields, the codelet has " +
+                                 std::to_string(codelet.fields.size()));
+        CompiledComputeSet::VertexRuntime rt{
+            &codelet, v.tile, fields_so_far, v.fields.size(), ccs->params.size(), v.params.size()};
+        for (std::size_t f = 0; f < v.fields.size(); ++f) {
+          for (const Tensor& region : v.fields[f]) {
+            auto pieces = resolve(region);
+            for (const auto& piece : pieces)
+              if (piece.tile != v.tile)
+                throw std::logic_error(
+                    "vertex " + std::to_string(vi) + " (" + v.codelet + ") on tile " +
+                    std::to_string(v.tile) + " in compute set '" + cs.name + "': field '" +
+                    codelet.fields[f] + "' is connected to " + graph_.describe(region) +
+                    " which lives on tile " + std::to_string(piece.tile) +
+                    "; a vertex may only touch its own tile's memory (copy the data first)");
+            if (pieces.size() > 1)
+              throw std::logic_error("vertex " + std::to_string(vi) + " (" + v.codelet +
+                                     "): field '" + codelet.fields[f] + "' region " +
+                                     graph_.describe(region) +
+                                     " is not contiguous in tile memory; split it into regions");
+            ccs->regions.push_back(pieces.empty()
+                                       ? Region{nullptr, 0, region.dtype()}
+                                       : Region{pieces[0].data, region.elements(), region.dtype()});
+            rt.widens_float16 = rt.widens_float16 ||
+                                (region.dtype() == DType::f16 && !codelet.reads_float16_storage);
+            ccs->region_bytes.push_back(region.elements() * dtype_size(region.dtype()));
+          }
+        }
+        ccs->params.insert(ccs->params.end(), v.params.begin(), v.params.end());
+        ccs->vertices.push_back(rt);
+        fields_so_far += v.fields.size();
+        // Greedy: each vertex goes to the least-loaded of the tile's worker contexts.
+        auto& loads = worker_loads[v.tile];
+        if (loads.empty()) loads.assign(arch.workers_per_tile, 0);
+        *std::min_element(loads.begin(), loads.end()) += codelet.cycles(v, arch);
+        ++vi;
+      }
+      // Spans into the region table are made once it has stopped growing.
+      std::size_t cursor = 0;
+      for (const Vertex& v : cs.vertices)
+        for (const auto& f : v.fields) {
+          ccs->fields.emplace_back(ccs->regions.data() + cursor, f.size());
+          cursor += f.size();
+        }
+      for (const auto& [tile, loads] : worker_loads)
+        ccs->cycles = std::max(ccs->cycles, *std::max_element(loads.begin(), loads.end()));
+      {
+        std::vector<unsigned> tiles;
+        tiles.reserve(ccs->vertices.size());
+        for (const auto& rt : ccs->vertices) tiles.push_back(rt.tile);
+        ccs->tile_begin = group_by(tiles, arch.tiles, ccs->by_tile);
+      }
+      node.index = compute_sets_.size();
+      compiled_compute_sets_.emplace(p.compute_set(), node.index);
+      compute_sets_.push_back(std::move(ccs));
+      break;
+    }
+    case Program::Kind::copy: {
+      node.name = "exchange";
+      if (auto it = compiled_exchanges_.find(p.identity()); it != compiled_exchanges_.end()) {
+        node.index = it->second;
+        break;
+      }
+      auto ex = std::make_unique<CompiledExchange>();
+      std::map<unsigned, std::size_t> bytes_out, bytes_in;
+      std::vector<unsigned> dst_tiles;
+      const auto plan = [&](const std::vector<Piece>& s, const std::vector<Piece>& d,
+                            std::size_t esize) {
+        std::size_t si = 0, di = 0, soff = 0, doff = 0;
+        while (si < s.size() && di < d.size()) {
+          const std::size_t n = std::min(s[si].elements - soff, d[di].elements - doff);
+          ex->transfers.push_back(
+              {s[si].data + soff * esize, d[di].data + doff * esize, n * esize});
+          dst_tiles.push_back(d[di].tile);
+          bytes_out[s[si].tile] += n * esize;
+          bytes_in[d[di].tile] += n * esize;
+          soff += n;
+          doff += n;
+          if (soff == s[si].elements) ++si, soff = 0;
+          if (doff == d[di].elements) ++di, doff = 0;
+        }
+      };
+      for (const auto& [src, dst] : p.pairs())
+        plan(resolve(src), resolve(dst), dtype_size(src.dtype()));
+      // Views: each element of the source to the same logical element of the destination,
+      // piece by piece (a transposed source moves element by element).
+      for (const auto& [src, dst] : p.view_pairs())
+        plan(resolve(src), resolve(dst), dtype_size(src.dtype()));
+      std::size_t worst = 0;
+      for (auto& [t, b] : bytes_out) worst = std::max(worst, b);
+      for (auto& [t, b] : bytes_in) worst = std::max(worst, b);
+      ex->cycles = arch.exchange_latency_cycles +
+                   static_cast<std::uint64_t>(std::ceil(static_cast<double>(worst) /
+                                                        arch.exchange_bytes_per_cycle_per_tile));
+      // On hardware every tile's receives happen at once; here the transfers may run grouped
+      // by destination tile unless one reads what another writes (then program order decides).
+      ByteRanges written;
+      for (const auto& tr : ex->transfers) written.add(tr.dst, tr.bytes);
+      written.seal();
+      if (std::none_of(ex->transfers.begin(), ex->transfers.end(),
+                       [&](const auto& tr) { return written.overlaps(tr.src, tr.bytes); })) {
+        std::vector<std::size_t> order;
+        ex->tile_begin = group_by(dst_tiles, arch.tiles, order);
+        if (!std::is_sorted(dst_tiles.begin(), dst_tiles.end())) {  // else already grouped
+          std::vector<CompiledExchange::Transfer> grouped;
+          grouped.reserve(order.size());
+          for (std::size_t i : order) grouped.push_back(ex->transfers[i]);
+          ex->transfers = std::move(grouped);
+        }
+      }
+      node.index = exchanges_.size();
+      compiled_exchanges_.emplace(p.identity(), node.index);
+      exchanges_.push_back(std::move(ex));
+      break;
+    }
+    case Program::Kind::sync:
+      node.sync = p.sync_kind();
+      break;
+    case Program::Kind::write_undef:  // liveness only: at run time nothing, at no cost
+      node.kind = Program::Kind::sequence;
+      break;
+    case Program::Kind::stream_to_device:
+    case Program::Kind::stream_from_device:
+    case Program::Kind::all_reduce:
+    case Program::Kind::reduce_scatter:
+    case Program::Kind::all_gather:
+    case Program::Kind::send:
+    case Program::Kind::receive:
+      node.stream = p.stream();
+      node.name = p.kind() == Program::Kind::all_reduce       ? "all_reduce"
+                  : p.kind() == Program::Kind::reduce_scatter ? "reduce_scatter"
+                  : p.kind() == Program::Kind::all_gather     ? "all_gather"
+                                                              : p.stream();
+      if (p.kind() == Program::Kind::send || p.kind() == Program::Kind::receive) {
+        node.peer = p.peer();
+        node.tag = p.tag();
+        node.name =
+            std::string(p.kind() == Program::Kind::send ? "send to IPU " : "receive from IPU ") +
+            std::to_string(p.peer());
+      }
+      node.op = p.collective_op();
+      if (!p.tensors().empty()) node.dtype = p.tensors()[0].dtype();  // one dtype per node
+      for (const Tensor& t : p.tensors()) {
+        auto pieces = resolve(t);
+        node.pieces.insert(node.pieces.end(), pieces.begin(), pieces.end());
+        node.bytes += t.elements() * dtype_size(t.dtype());
+      }
+      for (const Tensor& t : p.outputs()) {
+        auto pieces = resolve(t);
+        node.out_pieces.insert(node.out_pieces.end(), pieces.begin(), pieces.end());
+        node.out_bytes += t.elements() * dtype_size(t.dtype());
+      }
+      break;
+  }
+  return node;
+}
+
+void Engine::fuse_exchanges(Node& sequence) const {
+  auto& steps = sequence.children;
+  // Steps that do nothing at run time (empty sequences, WriteUndef) do not keep an exchange
+  // from the compute set after it.
+  std::erase_if(steps, [](const Node& n) {
+    return n.kind == Program::Kind::sequence && n.children.empty() && !n.exchange;
+  });
+  for (std::size_t i = 0; i + 1 < steps.size(); ++i) {
+    if (steps[i].kind != Program::Kind::copy || steps[i + 1].kind != Program::Kind::execute)
+      continue;
+    const CompiledExchange& ex = *exchanges_[steps[i].index];
+    const CompiledComputeSet& cs = *compute_sets_[steps[i + 1].index];
+    if (ex.tile_begin.empty()) continue;
+    // A vertex touches only its own tile, so once a tile's transfers are in, its vertices see
+    // what they would after the whole exchange. What no vertex may do is change bytes that a
+    // transfer to a later tile still has to read: no vertex region may overlap a source.
+    ByteRanges touched;
+    for (std::size_t r = 0; r < cs.regions.size(); ++r)
+      touched.add(cs.regions[r].data, cs.region_bytes[r]);
+    touched.seal();
+    if (std::any_of(ex.transfers.begin(), ex.transfers.end(),
+                    [&](const auto& tr) { return touched.overlaps(tr.src, tr.bytes); }))
+      continue;
+    steps[i + 1].exchange = steps[i].index;
+    steps[i].kind = Program::Kind::sequence;  // now empty: dropped below
+  }
+  std::erase_if(steps, [](const Node& n) {
+    return n.kind == Program::Kind::sequence && n.children.empty() && !n.exchange;
+  });
+}
+
+namespace {
+// Union-find over tiles, for the groups a run of exchanges connects.
+class TileGroups {
+ public:
+  explicit TileGroups(unsigned tiles) : parent_(tiles), size_(tiles, 1) {
+    std::iota(parent_.begin(), parent_.end(), 0U);
+  }
+  unsigned find(unsigned t) {
+    while (parent_[t] != t) t = parent_[t] = parent_[parent_[t]];
+    return t;
+  }
+  void join(unsigned a, unsigned b) {
+    a = find(a), b = find(b);
+    if (a == b) return;
+    if (size_[a] < size_[b]) std::swap(a, b);
+    parent_[b] = a;
+    size_[a] += size_[b];
+    largest_ = std::max(largest_, size_[a]);
+  }
+  unsigned largest() const { return largest_; }
+
+ private:
+  std::vector<unsigned> parent_, size_;
+  unsigned largest_ = 1;
+};
+}  // namespace
+
+// A run of executes that each go tile by tile after their exchange (see fuse_exchanges) can go
+// group by group of tiles instead: all the steps of one group, then the next group, so that
+// what a step leaves on a group's tiles is still in the host's cache when the next step reads
+// it (a split matmul's partial sums when they are added up). The groups are the tiles that the
+// later steps' exchanges connect, so a group's exchanges only read its own tiles, which have
+// finished the steps before; the result is the same as step by step over every tile.
+void Engine::chain_tile_steps(Node& sequence) const {
+  const unsigned tiles = graph_.arch().tiles;
+  // A group may hold at most this many tiles: enough groups to share out between threads, each
+  // small enough that its data stays in the host's caches from one step to the next.
+  const unsigned max_group = std::max(1U, tiles / kTilesPerGroupDivisor);
+  const auto tile_step = [](const Node& n) {
+    return n.kind == Program::Kind::execute && n.exchange.has_value();
+  };
+  // The tile whose memory holds an address (arenas_ are in tile order, empty tiles null).
+  std::vector<std::pair<const std::byte*, unsigned>> arena_starts;
+  for (unsigned t = 0; t < tiles; ++t)
+    if (arenas_[t] != nullptr) arena_starts.emplace_back(arenas_[t], t);
+  const auto tile_at = [&](const std::byte* p) {
+    auto it = std::upper_bound(arena_starts.begin(), arena_starts.end(), p,
+                               [](const std::byte* x, const auto& a) { return x < a.first; });
+    return std::prev(it)->second;
+  };
+  auto& steps = sequence.children;
+  std::vector<Node> out;
+  for (std::size_t i = 0; i < steps.size();) {
+    std::size_t j = i + 1;
+    if (tile_step(steps[i]) && !arena_starts.empty()) {
+      TileGroups groups(tiles);
+      ByteRanges read;  // what the exchanges of the chain so far read, once it has two steps
+      for (; j < steps.size() && tile_step(steps[j]); ++j) {
+        const CompiledExchange& ex = *exchanges_[*steps[j].exchange];
+        const CompiledComputeSet& cs = *compute_sets_[steps[j].index];
+        // Each transfer joins its source's tile to its destination's.
+        TileGroups joined = groups;
+        for (std::size_t t = 0; t < tiles && joined.largest() <= max_group; ++t)
+          for (std::size_t k = ex.tile_begin[t]; k < ex.tile_begin[t + 1]; ++k)
+            joined.join(tile_at(ex.transfers[k].src), static_cast<unsigned>(t));
+        if (joined.largest() > max_group) break;
+        if (j == i + 1) {
+          for (const auto& tr : exchanges_[*steps[i].exchange]->transfers)
+            read.add(tr.src, tr.bytes);
+          read.seal();
+        }
+        // A group runs all its steps before the next group starts, so no later step may write
+        // what an earlier exchange still reads for another group (vertex regions count as
+        // written: a codelet does not say which of its fields it changes).
+        if (std::any_of(ex.transfers.begin(), ex.transfers.end(),
+                        [&](const auto& tr) { return read.overlaps(tr.dst, tr.bytes); }))
+          break;
+        bool clash = false;
+        for (std::size_t r = 0; r < cs.regions.size() && !clash; ++r)
+          clash = read.overlaps(cs.regions[r].data, cs.region_bytes[r]);
+        if (clash) break;
+        groups = std::move(joined);
+        for (const auto& tr : ex.transfers) read.add(tr.src, tr.bytes);
+        read.seal();
+      }
+      if (j - i >= 2) {
+        Node chain;
+        std::vector<unsigned> roots(tiles);
+        for (unsigned t = 0; t < tiles; ++t) roots[t] = groups.find(t);
+        std::vector<std::size_t> order;
+        const std::vector<std::size_t> begin = group_by(roots, tiles, order);
+        // Tiles with nothing to do in any step are left out, so that the threads' equal shares
+        // of the groups are equal shares of the work.
+        std::vector<bool> busy(tiles, false);
+        for (std::size_t k = i; k < j; ++k) {
+          const CompiledExchange& ex = *exchanges_[*steps[k].exchange];
+          const CompiledComputeSet& cs = *compute_sets_[steps[k].index];
+          for (unsigned t = 0; t < tiles; ++t)
+            if (ex.tile_begin[t + 1] > ex.tile_begin[t] || cs.tile_begin[t + 1] > cs.tile_begin[t])
+              busy[t] = true;
+        }
+        // Groups in the order of their first tile, each group's tiles in tile order.
+        std::vector<bool> placed(tiles, false);
+        for (unsigned t = 0; t < tiles; ++t) {
+          const unsigned root = roots[t];
+          if (!busy[t] || placed[root]) continue;
+          placed[root] = true;
+          chain.group_begin.push_back(chain.group_tiles.size());
+          for (std::size_t k = begin[root]; k < begin[root + 1]; ++k)
+            if (busy[order[k]]) chain.group_tiles.push_back(static_cast<unsigned>(order[k]));
+        }
+        chain.group_begin.push_back(chain.group_tiles.size());
+        for (std::size_t k = i; k < j; ++k) chain.children.push_back(std::move(steps[k]));
+        out.push_back(std::move(chain));
+        i = j;
+        continue;
+      }
+    }
+    out.push_back(std::move(steps[i]));
+    i = i + 1;
+  }
+  steps = std::move(out);
+}
+
+}  // namespace ipupod::ipu

@@ -1,0 +1,157 @@
+// The engine's compiled programs, shared by its compilation and execution (nothing outside the
+// engine includes this): compute sets with their vertices, exchanges, the tree of program nodes.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "float16/half.hpp"
+#include "ipu_process/engine.hpp"
+
+namespace ipupod::ipu {
+
+struct Engine::CompiledComputeSet {
+  struct VertexRuntime {
+    const Codelet* codelet;
+    unsigned tile;
+    std::size_t field_begin, field_count, param_begin, param_count;
+    bool widens_float16 = false;  // has float16 regions and sees them as float32
+  };
+  std::vector<Region> regions;
+  std::vector<std::size_t> region_bytes;  // of each region
+  std::vector<std::span<const Region>> fields;
+  std::vector<double> params;
+  std::vector<VertexRuntime> vertices;
+  // The vertices of tile t are by_tile[tile_begin[t] .. tile_begin[t + 1]), in graph order.
+  std::vector<std::size_t> tile_begin, by_tile;
+  std::uint64_t cycles = 0;  // max over tiles of the busiest worker
+
+  // Vertex i of the compute set's `run`-th execution in the engine's life (keys stochastic
+  // rounding, so draws differ from run to run but not with the thread count).
+  void run_vertex(std::size_t i, const Float16Stores& stores, std::uint64_t run) const {
+    const VertexRuntime& v = vertices[i];
+    const auto vertex_fields = std::span(fields).subspan(v.field_begin, v.field_count);
+    const auto vertex_params = std::span(params).subspan(v.param_begin, v.param_count);
+    if (v.widens_float16)
+      run_widened(v, vertex_fields, vertex_params, stores.rounding,
+                  counter_hash(counter_hash(stores.seed ^ counter_hash(run)) + i));
+    else
+      v.codelet->compute(VertexContext(vertex_fields, vertex_params));
+  }
+
+ private:
+  // Gives the codelet float32 copies of its float16 regions, then stores back, rounded, each
+  // element the codelet changed (untouched inputs are never written, so vertices that share an
+  // input on a tile do not race).
+  static void run_widened(const VertexRuntime& v, std::span<const std::span<const Region>> in,
+                          std::span<const double> vertex_params, Rounding rounding,
+                          std::uint64_t key) {
+    struct Scratch {
+      std::vector<float> values, before;
+      std::vector<Region> regions;
+      std::vector<std::span<const Region>> fields;
+    };
+    thread_local Scratch s;
+    // Every float16 widened once, in a table: widening is most of the work of a float16 vertex.
+    static const std::vector<float> widened = [] {
+      std::vector<float> table(1U << 16);
+      for (std::uint32_t b = 0; b < table.size(); ++b)
+        table[b] = float16::to_float(float16::Half{static_cast<std::uint16_t>(b)});
+      return table;
+    }();
+    std::size_t halves = 0, count = 0;
+    for (const auto& f : in)
+      for (const Region& r : f) {
+        ++count;
+        if (r.dtype == DType::f16) halves += r.elements;
+      }
+    s.values.resize(halves);
+    s.regions.clear();
+    s.regions.reserve(count);
+    std::size_t at = 0;
+    for (const auto& f : in)
+      for (const Region& r : f) {
+        if (r.dtype != DType::f16) {
+          s.regions.push_back(r);
+          continue;
+        }
+        const auto* bits = reinterpret_cast<const std::uint16_t*>(r.data);
+        for (std::size_t j = 0; j < r.elements; ++j) s.values[at + j] = widened[bits[j]];
+        s.regions.push_back(
+            {reinterpret_cast<std::byte*>(s.values.data() + at), r.elements, DType::f32});
+        at += r.elements;
+      }
+    s.before = s.values;
+    s.fields.clear();
+    std::size_t cursor = 0;
+    for (const auto& f : in) {
+      s.fields.emplace_back(s.regions.data() + cursor, f.size());
+      cursor += f.size();
+    }
+    v.codelet->compute(VertexContext(s.fields, vertex_params));
+    at = 0;
+    std::uint64_t region_index = 0;
+    for (const auto& f : in)
+      for (const Region& r : f) {
+        ++region_index;
+        if (r.dtype != DType::f16) continue;
+        const float* now = s.values.data() + at;
+        const float* was = s.before.data() + at;
+        at += r.elements;
+        if (std::memcmp(now, was, r.elements * sizeof(float)) == 0) continue;  // an input
+        const std::uint64_t region_key = counter_hash(key + region_index);
+        auto* out = reinterpret_cast<std::uint16_t*>(r.data);
+        for (std::size_t j = 0; j < r.elements; ++j) {
+          if (std::memcmp(now + j, was + j, sizeof(float)) == 0) continue;
+          out[j] = (rounding == Rounding::stochastic
+                        ? float16::to_half_stochastic(now[j], counter_hash(region_key + j))
+                        : float16::to_half(now[j]))
+                       .bits;
+        }
+      }
+  }
+};
+
+struct Engine::CompiledExchange {
+  struct Transfer {
+    const std::byte* src;
+    std::byte* dst;
+    std::size_t bytes;
+  };
+  // When no transfer reads bytes that a transfer writes, the transfers are grouped by
+  // destination tile (program order within a tile): those of tile t are
+  // transfers[tile_begin[t] .. tile_begin[t + 1]), and tiles can be filled in any order or at
+  // once, with the same result. Otherwise tile_begin is empty and they run in program order.
+  std::vector<Transfer> transfers;
+  std::vector<std::size_t> tile_begin;
+  std::uint64_t cycles = 0;
+};
+
+struct Engine::Node {
+  Program::Kind kind = Program::Kind::sequence;
+  std::vector<Node> children;
+  std::size_t index = 0;  // compute set or exchange
+  // An execute that runs tile by tile right after the exchange before it (see fuse_exchanges).
+  std::optional<std::size_t> exchange;
+  // A sequence of such executes that runs group by group of tiles (see chain_tile_steps): the
+  // tiles of group g are group_tiles[group_begin[g] .. group_begin[g + 1]), in tile order.
+  std::vector<unsigned> group_tiles;
+  std::vector<std::size_t> group_begin;
+  std::uint64_t count = 0;  // repeat count
+  SyncKind sync = SyncKind::internal;
+  CollectiveOp op = CollectiveOp::sum;
+  std::string stream;
+  std::vector<Piece> pieces;  // stream and collective data or the predicate, in element order
+  std::size_t bytes = 0;
+  std::vector<Piece> out_pieces;  // reduce_scatter's block, all_gather's result
+  std::size_t out_bytes = 0;
+  DType dtype = DType::f32;
+  std::string name;            // for the trace
+  unsigned peer = 0, tag = 0;  // send and receive
+};
+
+}  // namespace ipupod::ipu

@@ -1,0 +1,585 @@
+// Engine memory planning: each variable's live range over the programs, a liveness-aware static
+// layout per tile and the memory report; the tile memory block; where a tensor's elements live.
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <numeric>
+#include <queue>
+#include <set>
+#include <sstream>
+
+#include "ipu_process/engine.hpp"
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+namespace ipupod::ipu {
+
+std::size_t MemoryReport::total_bytes() const {
+  return std::accumulate(tiles.begin(), tiles.end(), std::size_t{0},
+                         [](std::size_t s, const TileMemory& t) { return s + t.total(); });
+}
+
+const TileMemory& MemoryReport::busiest() const {
+  return *std::max_element(tiles.begin(), tiles.end(),
+                           [](auto& a, auto& b) { return a.total() < b.total(); });
+}
+
+std::size_t MemoryReport::tiles_over() const {
+  return std::count_if(tiles.begin(), tiles.end(),
+                       [&](const TileMemory& t) { return t.total() > bytes_per_tile; });
+}
+
+namespace {
+constexpr std::size_t kAlignment = 8;
+std::size_t align_up(std::size_t n) {
+  return (n + kAlignment - 1) / kAlignment * kAlignment;
+}
+
+std::string format_bytes(std::size_t b) {
+  std::ostringstream os;
+  os << b << " B";
+  return os.str();
+}
+
+// Live range of a variable in the order program steps run: [first, last] step positions, made
+// of segments with holes between them where its value is dead (after its last read, before a
+// step that overwrites it whole); other variables may use its bytes in a hole.
+struct LiveRange {
+  std::size_t first = SIZE_MAX, last = 0;
+  int program = -1;
+  bool whole_run = false;  // used by several programs or by none: live throughout
+  std::vector<std::pair<std::size_t, std::size_t>> segments;  // [begin, end], in order
+};
+
+// Walks the program trees, numbering every step that touches tile memory. A loop body runs
+// again after its last step, so a variable whose value may carry from one iteration to the
+// next (its first touch in the body can read it) stays live over the whole loop; one the body
+// overwrites whole before any read (a copy's destination, a stream or receive buffer, a
+// codelet's output field) needs its bytes only from that write to its last use.
+class LivenessWalk {
+ public:
+  LivenessWalk(const Graph& graph, std::vector<LiveRange>& ranges)
+      : graph_(graph),
+        ranges_(ranges),
+        last_touch_(ranges.size(), kNever),
+        step_slot_(ranges.size(), kNone),
+        killed_(ranges.size(), 0) {}
+
+  void walk_program(const Program& p, int program) {
+    program_ = program;
+    walk(p);
+  }
+
+ private:
+  static constexpr std::size_t kNever = SIZE_MAX;
+  static constexpr std::uint32_t kNone = UINT32_MAX;
+  struct Loop {
+    std::size_t begin;
+    std::vector<VariableId> carried;  // first touched in the body by a step that may read
+    std::vector<VariableId> killed;   // first met in the body by a WriteUndef of all of it
+  };
+  // What one step does to one variable: reads it (or may), and which elements it overwrites.
+  struct StepAccess {
+    VariableId var = 0;
+    bool read = false;
+    std::vector<std::pair<std::size_t, std::size_t>> written;
+  };
+
+  void access(const Tensor& t, bool write_only) {
+    access(t.variable(), t.offset(), t.offset() + t.elements(), write_only);
+  }
+  void access(VariableId id, std::size_t begin, std::size_t end, bool write_only) {
+    std::uint32_t& slot = step_slot_[id];
+    if (slot == kNone) {
+      slot = static_cast<std::uint32_t>(step_used_);
+      if (step_used_ == step_.size()) step_.emplace_back();
+      StepAccess& a = step_[step_used_++];
+      a.var = id;
+      a.read = false;
+      a.written.clear();
+    }
+    StepAccess& a = step_[slot];
+    if (write_only)
+      a.written.emplace_back(begin, end);
+    else
+      a.read = true;
+  }
+  bool writes_whole(StepAccess& a) const {
+    if (a.read || a.written.empty()) return false;
+    std::sort(a.written.begin(), a.written.end());
+    std::size_t covered = 0;
+    for (const auto& [b, e] : a.written) {
+      if (b > covered) return false;
+      covered = std::max(covered, e);
+    }
+    return covered >= graph_.variable(a.var).elements;
+  }
+  // Closes the step at position_: live ranges grow to it (a step that overwrites a variable
+  // whole, unconditionally, starts a new segment of it), and each open loop in whose body this
+  // is the variable's first touch learns whether the value may come from an earlier iteration.
+  void end_step() {
+    for (std::size_t i = 0; i < step_used_; ++i) {
+      StepAccess& a = step_[i];
+      step_slot_[a.var] = kNone;
+      const std::size_t last = last_touch_[a.var];
+      const bool whole = writes_whole(a);
+      for (Loop& loop : loops_) {
+        if (last != kNever && last >= loop.begin) continue;  // touched earlier in this body
+        if (!loop.killed.empty() &&
+            std::find(loop.killed.begin(), loop.killed.end(), a.var) != loop.killed.end())
+          continue;
+        if (!whole) loop.carried.push_back(a.var);
+      }
+      last_touch_[a.var] = position_;
+      LiveRange& r = ranges_.at(a.var);
+      if (r.program >= 0 && r.program != program_) r.whole_run = true;
+      r.program = program_;
+      r.first = std::min(r.first, position_);
+      r.last = std::max(r.last, position_);
+      // A write in a branch that may not run leaves the old value possibly live; after a
+      // WriteUndef of the whole variable there is no old value.
+      if (r.segments.empty() || (whole && conditional_ == 0) || killed_[a.var])
+        r.segments.emplace_back(position_, position_);
+      else
+        r.segments.back().second = position_;
+      killed_[a.var] = 0;
+    }
+    step_used_ = 0;
+    ++position_;
+  }
+  // A variable carried around a loop is live over the whole loop, from the value that enters
+  // it: its segments from the last one begun before the loop are merged into one.
+  void carry(LiveRange& r, std::size_t begin, std::size_t end) {
+    r.first = std::min(r.first, begin);
+    r.last = std::max(r.last, end);
+    auto& segments = r.segments;
+    while (!segments.empty() && segments.back().first >= begin) segments.pop_back();
+    std::size_t from = begin;
+    if (!segments.empty()) {
+      from = segments.back().first;
+      segments.pop_back();
+    }
+    segments.emplace_back(from, end);
+  }
+  // A WriteUndef kills each variable it covers whole: for liveness it is a write of the whole
+  // variable that needs no bytes, so the next touch starts a new segment, and in a loop body
+  // whose first touch of the variable this is, the value does not carry over. In code that may
+  // not run it ends no segment (on the path that skips it the value lives on) and speaks only
+  // for loops from loops_[kill_floor_] on, which run it whenever they iterate. (The variable is
+  // the unit of allocation: a WriteUndef of part of one frees nothing.)
+  void write_undef(const View& v) {
+    std::map<VariableId, std::vector<std::pair<std::size_t, std::size_t>>> parts;
+    for (const auto& r : v.view_regions()) parts[r.var].emplace_back(r.begin, r.end);
+    for (auto& [id, runs] : parts) {
+      std::sort(runs.begin(), runs.end());
+      std::size_t covered = 0;
+      for (const auto& [b, e] : runs)
+        if (b <= covered) covered = std::max(covered, e);
+      if (covered < graph_.variable(id).elements) continue;
+      for (std::size_t i = kill_floor_; i < loops_.size(); ++i) {
+        const std::size_t last = last_touch_[id];
+        if (last == kNever || last < loops_[i].begin) loops_[i].killed.push_back(id);
+      }
+      if (conditional_ == 0) killed_[id] = 1;
+    }
+  }
+  void reads(const std::vector<Tensor>& tensors) {
+    for (const auto& t : tensors) access(t, false);
+  }
+  void walk(const Program& p) {
+    switch (p.kind()) {
+      case Program::Kind::sequence:
+        for (const auto& c : p.children()) walk(c);
+        return;
+      case Program::Kind::repeat:
+      case Program::Kind::repeat_while_true: {
+        // A while loop's body may not run at all; a repeat's runs at least once (count >= 1).
+        const bool may_skip = p.kind() == Program::Kind::repeat_while_true || p.count() == 0;
+        loops_.push_back({position_, {}, {}});
+        reads(p.tensors());
+        end_step();
+        const std::size_t kill_floor = kill_floor_;
+        if (may_skip) kill_floor_ = loops_.size() - 1;
+        conditional_ += may_skip ? 1 : 0;
+        for (const auto& c : p.children()) walk(c);
+        conditional_ -= may_skip ? 1 : 0;
+        kill_floor_ = kill_floor;
+        Loop loop = std::move(loops_.back());
+        loops_.pop_back();
+        const std::size_t end = position_;  // the step that jumps back to the top
+        for (VariableId id : loop.carried) carry(ranges_.at(id), loop.begin, end);
+        break;
+      }
+      case Program::Kind::if_else:
+        reads({p.tensors()[0]});
+        end_step();
+        {
+          const std::size_t kill_floor = kill_floor_;
+          kill_floor_ = loops_.size();
+          ++conditional_;
+          for (const auto& c : p.children()) walk(c);
+          --conditional_;
+          kill_floor_ = kill_floor;
+        }
+        return;
+      case Program::Kind::execute: {
+        const auto& registry = CodeletRegistry::builtin();
+        const Codelet* codelet = nullptr;
+        for (const auto& v : graph_.compute_sets().at(p.compute_set()).vertices) {
+          if (!codelet || codelet->name != v.codelet) codelet = &registry.get(v.codelet);
+          for (std::size_t f = 0; f < v.fields.size(); ++f) {
+            const bool output = f < codelet->fields.size() &&
+                                std::find(codelet->outputs.begin(), codelet->outputs.end(),
+                                          codelet->fields[f]) != codelet->outputs.end();
+            for (const auto& t : v.fields[f]) access(t, output);
+          }
+        }
+        break;
+      }
+      case Program::Kind::copy:
+        for (const auto& [src, dst] : p.pairs()) access(src, false);
+        for (const auto& [src, dst] : p.view_pairs())
+          for (const auto& r : src.view_regions()) access(r.var, r.begin, r.end, false);
+        for (const auto& [src, dst] : p.pairs()) access(dst, true);
+        for (const auto& [src, dst] : p.view_pairs())
+          for (const auto& r : dst.view_regions()) access(r.var, r.begin, r.end, true);
+        break;
+      case Program::Kind::write_undef:
+        for (const View& v : p.views()) write_undef(v);
+        break;
+      case Program::Kind::sync:
+        break;
+      case Program::Kind::stream_to_device:
+      case Program::Kind::receive:
+        for (const auto& t : p.tensors()) access(t, true);
+        break;
+      case Program::Kind::stream_from_device:
+      case Program::Kind::all_reduce:
+      case Program::Kind::send:
+        reads(p.tensors());
+        break;
+      case Program::Kind::reduce_scatter:
+      case Program::Kind::all_gather:
+        reads(p.tensors());
+        for (const auto& t : p.outputs()) access(t, true);
+        break;
+    }
+    end_step();
+  }
+
+  const Graph& graph_;
+  std::vector<LiveRange>& ranges_;
+  std::vector<std::size_t> last_touch_;   // per variable: position of its latest step
+  std::vector<std::uint32_t> step_slot_;  // per variable: its entry in step_, or kNone
+  std::vector<StepAccess> step_;          // the accesses of the step being walked
+  std::size_t step_used_ = 0;
+  std::vector<Loop> loops_;  // open loops, outermost first
+  std::size_t position_ = 0;
+  int program_ = -1;
+  int conditional_ = 0;         // depth of branches and loops that may be skipped around this step
+  std::size_t kill_floor_ = 0;  // the outermost open loop a WriteUndef here speaks for
+  std::vector<char> killed_;    // per variable: whole WriteUndef since its last touch
+};
+
+struct Placement {
+  std::size_t offset, bytes;
+  const LiveRange* range;
+};
+
+// Per tile: places variables one by one, in the order they come to life, at the lowest offset
+// not used by any placed variable whose live range meets theirs. The placed variables still
+// alive are kept sorted by offset; a search walks them upwards from the floor and stops at the
+// first gap that fits, so it costs about the number of variables below the answer, and a
+// variable whose last step has passed leaves for good (no later one can meet it).
+class TileLayout {
+ public:
+  explicit TileLayout(std::size_t floor) : floor_(floor) {}
+
+  // Places a variable of `bytes` bytes with live range `range` (which must outlive the layout).
+  // Variables live for the whole run come first, then by first step.
+  std::size_t place(const LiveRange& range, std::size_t bytes) {
+    if (!range.whole_run) retire_before(range.first);
+    std::size_t offset = floor_;
+    for (const Entry& e : alive_) {
+      if (e.begin >= offset + bytes) break;
+      if (e.end <= offset || e.range == nullptr || !meet(range, *e.range)) continue;
+      offset = align_up(e.end);
+    }
+    const Entry entry{offset, offset + bytes, &range};
+    alive_.insert(
+        std::upper_bound(alive_.begin(), alive_.end(), entry,
+                         [](const Entry& x, const Entry& y) { return x.begin < y.begin; }),
+        entry);
+    if (!range.whole_run) leaving_.push({range.last, offset, &range});
+    return offset;
+  }
+
+ private:
+  struct Entry {
+    std::size_t begin, end;
+    const LiveRange* range;  // null once retired
+  };
+  struct Leaving {
+    std::size_t last, begin;
+    const LiveRange* range;
+    bool operator>(const Leaving& o) const { return last > o.last; }
+  };
+
+  static bool meet(const LiveRange& a, const LiveRange& b) {
+    if (a.whole_run || b.whole_run) return true;
+    if (a.last < b.first || b.last < a.first) return false;
+    auto i = a.segments.begin(), j = b.segments.begin();
+    while (i != a.segments.end() && j != b.segments.end()) {
+      if (i->second < j->first) {
+        ++i;
+      } else if (j->second < i->first) {
+        ++j;
+      } else {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Drops the variables whose last step is before `step`; compacts once half are dropped.
+  void retire_before(std::size_t step) {
+    while (!leaving_.empty() && leaving_.top().last < step) {
+      const Leaving& l = leaving_.top();
+      auto it = std::lower_bound(alive_.begin(), alive_.end(), l.begin,
+                                 [](const Entry& e, std::size_t b) { return e.begin < b; });
+      while (it->range != l.range) ++it;
+      it->range = nullptr;
+      ++retired_;
+      leaving_.pop();
+    }
+    if (2 * retired_ > alive_.size()) {
+      std::erase_if(alive_, [](const Entry& e) { return e.range == nullptr; });
+      retired_ = 0;
+    }
+  }
+
+  std::size_t floor_;
+  std::vector<Entry> alive_;  // by offset
+  std::priority_queue<Leaving, std::vector<Leaving>, std::greater<>> leaving_;
+  std::size_t retired_ = 0;
+};
+
+}  // namespace
+
+void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
+  const ArchPreset& arch = graph_.arch();
+  memory_.arch = arch.name;
+  memory_.bytes_per_tile = arch.bytes_per_tile;
+  memory_.tiles.resize(arch.tiles);
+  for (unsigned t = 0; t < arch.tiles; ++t) memory_.tiles[t].tile = t;
+
+  const auto& vars = graph_.variables();
+  std::vector<LiveRange> ranges(vars.size());
+  {
+    LivenessWalk walk(graph_, ranges);
+    int index = 0;
+    for (const auto& [name, program] : programs) walk.walk_program(program, index++);
+  }
+  struct Item {
+    VariableId var;
+    std::size_t interval, bytes;
+  };
+  std::vector<std::vector<Item>> per_tile(arch.tiles);
+  for (VariableId id = 0; id < vars.size(); ++id) {
+    const Variable& v = vars[id];
+    if (always_live(v.category) || v.host_access || ranges[id].program < 0)
+      ranges[id].whole_run = true;
+    std::size_t mapped = 0;
+    for (std::size_t k = 0; k < v.mapping.size(); ++k) {
+      const auto& iv = v.mapping[k];
+      per_tile[iv.tile].push_back({id, k, (iv.end - iv.begin) * dtype_size(v.dtype)});
+      mapped += iv.end - iv.begin;
+    }
+    if (mapped != v.elements)
+      throw std::logic_error(
+          "variable '" + v.name + "' has " + std::to_string(v.elements - mapped) + " of its " +
+          std::to_string(v.elements) + " elements unmapped; every element needs a tile");
+    interval_offsets_.emplace_back(v.mapping.size(), 0);
+  }
+
+  // Per tile: always-live data at the bottom, then the rest in the order it comes to life, each
+  // at the lowest free offset, its bytes free again after its last step (a linear scan over
+  // the step positions): variables never live at the same time share bytes.
+  std::vector<std::size_t> used(arch.tiles, 0);
+  for (unsigned t = 0; t < arch.tiles; ++t) {
+    TileMemory& tm = memory_.tiles[t];
+    auto& items = per_tile[t];
+    std::map<VariableId, std::size_t> var_bytes;
+    std::size_t top = 0;
+    for (const Item& it : items) {
+      const Variable& v = vars[it.var];
+      var_bytes[it.var] += it.bytes;
+      tm.by_category[v.category] += it.bytes;
+      if (!always_live(v.category)) continue;
+      interval_offsets_[it.var][it.interval] = align_up(top);
+      top = align_up(top) + it.bytes;
+      tm.always_live += it.bytes;
+    }
+    const std::size_t floor = align_up(top);
+    std::vector<const Item*> rest;
+    for (const Item& it : items)
+      if (!always_live(vars[it.var].category)) rest.push_back(&it);
+    // Live for the whole run first, then by first step, the larger first among equals.
+    const auto born = [&](const Item* it) {
+      const LiveRange& r = ranges[it->var];
+      return r.whole_run ? std::size_t{0} : r.first + 1;
+    };
+    std::stable_sort(rest.begin(), rest.end(), [&](const Item* a, const Item* b) {
+      const std::size_t ba = born(a), bb = born(b);
+      return ba != bb ? ba < bb : a->bytes > b->bytes;
+    });
+    TileLayout layout(floor);
+    std::vector<Placement> placed;
+    placed.reserve(rest.size());
+    std::size_t high = floor;
+    for (std::uint32_t k = 0; k < rest.size(); ++k) {
+      const Item* it = rest[k];
+      const LiveRange& range = ranges[it->var];
+      const std::size_t offset = layout.place(range, align_up(it->bytes));
+      interval_offsets_[it->var][it->interval] = offset;
+      placed.push_back({offset, it->bytes, &range});
+      high = std::max(high, offset + it->bytes);
+    }
+    tm.not_always_live = rest.empty() ? 0 : high - top;
+    // Peak of simultaneously live bytes, to tell sharing apart from fragmentation.
+    std::vector<std::pair<std::size_t, std::ptrdiff_t>> changes;
+    std::size_t whole = 0;
+    for (const auto& p : placed) {
+      if (p.range->whole_run) {
+        whole += p.bytes;
+        continue;
+      }
+      for (const auto& [begin, end] : p.range->segments) {
+        changes.emplace_back(begin, static_cast<std::ptrdiff_t>(p.bytes));
+        changes.emplace_back(end + 1, -static_cast<std::ptrdiff_t>(p.bytes));
+      }
+    }
+    std::sort(changes.begin(), changes.end());
+    std::ptrdiff_t live = 0, peak = 0;
+    for (const auto& [pos, delta] : changes) peak = std::max(peak, live += delta);
+    tm.peak_live = std::min(tm.not_always_live, whole + static_cast<std::size_t>(peak));
+    used[t] = high;
+    for (const auto& [id, bytes] : var_bytes)
+      tm.largest.push_back({vars[id].name, vars[id].category, bytes});
+    std::sort(tm.largest.begin(), tm.largest.end(),
+              [](auto& a, auto& b) { return a.bytes > b.bytes; });
+    if (tm.largest.size() > 5) tm.largest.resize(5);
+  }
+  // Vertex state and code take their share of each tile, as on hardware.
+  std::vector<std::set<std::string>> codelets_on_tile(arch.tiles);
+  for (const auto& cs : graph_.compute_sets())
+    for (const auto& v : cs.vertices) {
+      std::size_t regions = 0;
+      for (const auto& f : v.fields) regions += f.size();
+      memory_.tiles.at(v.tile).vertex_state += regions * arch.vertex_state_bytes_per_region;
+      codelets_on_tile[v.tile].insert(v.codelet);
+    }
+  for (unsigned t = 0; t < arch.tiles; ++t)
+    memory_.tiles[t].code = codelets_on_tile[t].size() * arch.codelet_code_bytes;
+
+  const std::size_t over = memory_.tiles_over();
+  if (over > 0 && !options_.allow_out_of_memory) {
+    std::vector<const TileMemory*> worst;
+    for (const auto& tm : memory_.tiles)
+      if (tm.total() > arch.bytes_per_tile) worst.push_back(&tm);
+    std::sort(worst.begin(), worst.end(), [](auto* a, auto* b) { return a->total() > b->total(); });
+    std::ostringstream os;
+    os << "Out of memory: Cannot fit all variable data onto one or more tiles. " << over << " of "
+       << arch.tiles << " tiles of '" << arch.name << "' exceed their "
+       << format_bytes(arch.bytes_per_tile) << ". Worst:";
+    for (std::size_t i = 0; i < std::min<std::size_t>(worst.size(), 3); ++i) {
+      const TileMemory& tm = *worst[i];
+      os << "\n  tile " << tm.tile << ": " << format_bytes(tm.total()) << " (+"
+         << format_bytes(tm.total() - arch.bytes_per_tile) << " over); largest tensors:";
+      for (const auto& tensor : tm.largest)
+        os << " '" << tensor.name << "' " << format_bytes(tensor.bytes) << " ("
+           << category_name(tensor.category) << ")";
+    }
+    os << "\nTry: more pipeline stages or a different split, a smaller micro-batch, "
+          "recomputing activations instead of stashing them, or an architecture with more memory "
+          "per tile; allow-out-of-memory writes the full memory report instead.";
+    throw OutOfMemoryError(os.str(), memory_);
+  }
+  arenas_.assign(arch.tiles, nullptr);
+  if (over > 0) return;
+  // Every tile's memory in one zeroed block, each tile's from a cache-line boundary, so that
+  // the host can back it with large pages: the tiles of an IPU hold hundreds of MB, and with
+  // 4 KiB pages a run would pay a page-table walk for most pages it touches.
+  constexpr std::size_t kLine = 64;
+  std::size_t total = 0;
+  for (unsigned t = 0; t < arch.tiles; ++t) total += (used[t] + kLine - 1) / kLine * kLine;
+  if (total == 0) return;
+  tile_memory_ = TileMemoryBlock(total);
+  std::byte* next = tile_memory_.data();
+  for (unsigned t = 0; t < arch.tiles; ++t)
+    if (used[t] > 0) {
+      arenas_[t] = next;
+      next += (used[t] + kLine - 1) / kLine * kLine;
+    }
+}
+
+Engine::TileMemoryBlock::TileMemoryBlock(std::size_t bytes) : bytes_(bytes) {
+#if defined(__linux__)
+  // Anonymous pages are zero until written, and only pages written take host memory.
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  madvise(p, bytes, MADV_HUGEPAGE);  // a hint: without transparent huge pages, small ones
+  data_ = static_cast<std::byte*>(p);
+#else
+  data_ = static_cast<std::byte*>(std::calloc(bytes, 1));
+  if (data_ == nullptr) throw std::bad_alloc();
+#endif
+}
+
+Engine::TileMemoryBlock::~TileMemoryBlock() {
+  if (data_ == nullptr) return;
+#if defined(__linux__)
+  munmap(data_, bytes_);
+#else
+  std::free(data_);
+#endif
+}
+
+Engine::TileMemoryBlock& Engine::TileMemoryBlock::operator=(TileMemoryBlock&& o) noexcept {
+  std::swap(data_, o.data_);
+  std::swap(bytes_, o.bytes_);
+  return *this;
+}
+
+std::vector<Engine::Piece> Engine::resolve(const View& v) const {
+  std::vector<Piece> out;
+  for (const auto& r : v.view_regions()) resolve_into(r.var, r.begin, r.end, out);
+  return out;
+}
+
+std::vector<Engine::Piece> Engine::resolve(const Tensor& t) const {
+  std::vector<Piece> out;
+  resolve_into(t.variable(), t.offset(), t.offset() + t.elements(), out);
+  return out;
+}
+
+void Engine::resolve_into(VariableId var, std::size_t b, std::size_t e,
+                          std::vector<Piece>& out) const {
+  const Variable& v = graph_.variable(var);
+  const std::size_t esize = dtype_size(v.dtype);
+  const auto& m = v.mapping;
+  auto it = std::upper_bound(m.begin(), m.end(), b,
+                             [](std::size_t x, const TileInterval& iv) { return x < iv.end; });
+  for (; it != m.end() && it->begin < e; ++it) {
+    const std::size_t k = static_cast<std::size_t>(it - m.begin());
+    const std::size_t lo = std::max(it->begin, b), hi = std::min(it->end, e);
+    std::byte* base = arenas_[it->tile];
+    out.push_back({it->tile,
+                   base ? base + interval_offsets_[var][k] + (lo - it->begin) * esize : nullptr,
+                   hi - lo});
+  }
+}
+
+}  // namespace ipupod::ipu
