@@ -147,6 +147,17 @@ class LoopbackEndpoint final : public Transport {
         "ranks only, or with different tags or sizes?");
   }
 
+  bool test(Request& request) override {
+    if (!request.pending()) return true;
+    auto& state = static_cast<LoopbackRequestState&>(own_state(request));
+    {
+      std::lock_guard lock(shared_.mutex);
+      if (!state.operation->done && !shared_.aborted) return false;
+    }
+    wait(request);  // finished or aborted: completes (or throws) at once
+    return true;
+  }
+
  private:
   Request make_request(bool is_send, int peer, int tag, std::size_t bytes,
                        std::shared_ptr<Operation> operation, const MessageKey& key) {

@@ -98,14 +98,31 @@ Request MpiTransport::irecv(int peer, std::span<std::byte> data, int tag) {
 void MpiTransport::wait(Request& request) {
   if (!request.pending()) return;
   auto& state = static_cast<MpiRequestState&>(own_state(request));
-  const std::string description = request.describe();
   MPI_Status status;
   const int code = MPI_Wait(&state.handle, &status);
+  complete(request, code, status, "MPI_Wait");
+}
+
+bool MpiTransport::test(Request& request) {
+  if (!request.pending()) return true;
+  auto& state = static_cast<MpiRequestState&>(own_state(request));
+  MPI_Status status;
+  int done = 0;
+  const int code = MPI_Test(&state.handle, &done, &status);
+  if (code == MPI_SUCCESS && !done) return false;
+  complete(request, code, status, "MPI_Test");
+  return true;
+}
+
+void MpiTransport::complete(Request& request, int code, const MPI_Status& status,
+                            const char* call) {
+  auto& state = static_cast<MpiRequestState&>(own_state(request));
+  const std::string description = request.describe();
   const bool is_send = state.is_send;
   const std::size_t expected = state.bytes;
   request.release();  // the MPI handle is complete (MPI_REQUEST_NULL) either way
   if (code != MPI_SUCCESS) {
-    throw FabricError("MPI_Wait on " + where() + " for the " + description +
+    throw FabricError(std::string(call) + " on " + where() + " for the " + description +
                       " failed: " + mpi_error_text(code));
   }
   if (!is_send) {

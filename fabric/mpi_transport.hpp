@@ -22,8 +22,12 @@ class MpiTransport final : public Transport {
   Request isend(int peer, std::span<const std::byte> data, int tag) override;
   Request irecv(int peer, std::span<std::byte> data, int tag) override;
   void wait(Request& request) override;
+  bool test(Request& request) override;
 
  private:
+  // Empties a request whose MPI operation returned `code` and `status`, checking both.
+  void complete(Request& request, int code, const MPI_Status& status, const char* call);
+
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 0;

@@ -39,4 +39,8 @@ void SubsetTransport::wait(Request& request) {
   parent_.wait(request);
 }
 
+bool SubsetTransport::test(Request& request) {
+  return parent_.test(request);
+}
+
 }  // namespace ipupod::fabric

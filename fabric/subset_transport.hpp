@@ -23,6 +23,7 @@ class SubsetTransport final : public Transport {
   Request isend(int peer, std::span<const std::byte> data, int tag) override;
   Request irecv(int peer, std::span<std::byte> data, int tag) override;
   void wait(Request& request) override;
+  bool test(Request& request) override;
 
  private:
   Transport& parent_;

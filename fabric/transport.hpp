@@ -65,6 +65,10 @@ class Transport {
   virtual Request irecv(int peer, std::span<std::byte> data, int tag) = 0;
   // Throws FabricError on failure (naming peer, tag and bytes). Empties the request.
   virtual void wait(Request& request) = 0;
+  // Never blocks: if the operation has finished, completes it as wait() would (throwing on
+  // failure, emptying the request) and returns true; else returns false. An empty request is
+  // complete.
+  virtual bool test(Request& request) = 0;
 
   // Waits for every request in order; the first failure is thrown after the rest were
   // waited for, so no buffer is left in use by the transport.

@@ -77,6 +77,26 @@ TEST(LoopbackTransport, WaitedRequestIsEmptyAndWaitingAgainIsANoOp) {
   });
 }
 
+TEST(LoopbackTransport, TestCompletesOnlyOnceTheMessageIsMatched) {
+  LoopbackFabric fabric(2, std::chrono::milliseconds(200));
+  Transport& sender = fabric.endpoint(0);
+  Transport& receiver = fabric.endpoint(1);
+  int value = 9, got = 0;
+  Request send = sender.isend(1, as_bytes_of(value), 3);
+  EXPECT_FALSE(sender.test(send));  // rendezvous: no receive posted yet
+  EXPECT_TRUE(send.pending());
+  Request recv = receiver.irecv(0, as_writable_bytes_of(got), 3);
+  EXPECT_TRUE(sender.test(send));
+  EXPECT_FALSE(send.pending());
+  EXPECT_TRUE(sender.test(send));  // an empty request is complete
+  EXPECT_TRUE(receiver.test(recv));
+  EXPECT_EQ(got, 9);
+  Request unmatched = receiver.irecv(0, as_writable_bytes_of(got), 4);
+  EXPECT_FALSE(receiver.test(unmatched));
+  fabric.abort("test over");
+  EXPECT_THROW(receiver.test(unmatched), FabricError);
+}
+
 TEST(LoopbackTransport, SizeMismatchNamesPeerTagAndBytes) {
   try {
     run_on_loopback(2, [](Transport& t) {

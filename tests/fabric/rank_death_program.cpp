@@ -31,6 +31,7 @@ class DyingTransport final : public ipupod::fabric::Transport {
     return inner_.irecv(peer, data, tag);
   }
   void wait(ipupod::fabric::Request& request) override { inner_.wait(request); }
+  bool test(ipupod::fabric::Request& request) override { return inner_.test(request); }
 
  private:
   [[noreturn]] void die() const {
