@@ -5,7 +5,7 @@
 #
 # Needs Debian's PyTorch (sudo apt-get install python3-torch) and a built ipupod_models_bench:
 #   /usr/bin/python3 scripts/bench_interpreter_vs_torch.py BUILD_DIR/models/ipupod_models_bench
-# The configurations mirror bench_options() in models/bench/models_bench.cpp.
+# The configurations mirror bench_options() in pod/cli/bench_models.cpp.
 import math
 import re
 import statistics

@@ -9,7 +9,7 @@
 
 #include "ipu_process/arch.hpp"
 #include "models/zoo.hpp"
-#include "pod/compile.hpp"
+#include "pod/compiler/stage_compile.hpp"
 #include "tests/host/temp_dir.hpp"
 #include "tests/pod/run_command.hpp"
 

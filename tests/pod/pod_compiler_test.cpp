@@ -10,8 +10,8 @@
 #include "fabric/loopback_transport.hpp"
 #include "ipu_process/engine.hpp"
 #include "models/interpreter.hpp"
-#include "pod/compiler.hpp"
-#include "pod/train.hpp"
+#include "pod/compiler/compiler.hpp"
+#include "pod/compiler/model_options.hpp"
 #include "tests/ipu/mailbox.hpp"
 
 namespace ipupod::pod {

@@ -11,7 +11,7 @@
 
 #include "ipu_process/engine.hpp"
 #include "models/interpreter.hpp"
-#include "pod/compiler.hpp"
+#include "pod/compiler/compiler.hpp"
 #include "tests/ipu/mailbox.hpp"
 
 namespace ipupod::pod {

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "pod/scoring.hpp"
+#include "pod/job/scoring.hpp"
 
 namespace {
 

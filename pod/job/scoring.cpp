@@ -1,5 +1,5 @@
 // Test scores of a model's outputs, by task (see scoring.hpp).
-#include "pod/scoring.hpp"
+#include "pod/job/scoring.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -12,7 +12,7 @@
 #include "fabric/collectives.hpp"
 #include "fabric/mpi_transport.hpp"
 #include "fabric/topology.hpp"
-#include "pod/bench.hpp"
+#include "pod/cli/bench.hpp"
 
 namespace ipupod::pod {
 namespace {

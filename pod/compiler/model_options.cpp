@@ -1,41 +1,20 @@
-// Role dispatch and the failure policy of a training job: bad input exits 2 on every rank,
-// a runtime failure after start-up aborts the whole MPI job with the message on stderr.
-#include "pod/train.hpp"
+// The model options of a job and its automatic pipeline split.
+#include "pod/compiler/model_options.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 #include <iomanip>
-#include <iostream>
 #include <sstream>
 
 #include "fabric/topology.hpp"
 #include "ipu_process/arch.hpp"
 
 namespace ipupod::pod {
-
-int run_train(const TrainConfig& config, MPI_Comm world) {
-  int rank = 0, size = 0;
-  MPI_Comm_rank(world, &rank);
-  MPI_Comm_size(world, &size);
-  try {
-    validate(config, size);
-  } catch (const UsageError& e) {
-    if (rank == 0) std::cerr << "ipupod train: " << e.what() << "\n";
-    return 2;
-  }
-  try {
-    return rank == 0 ? run_host(config, world) : run_ipu(config, world);
-  } catch (const std::exception& e) {
-    abort_job(world, e.what());
-  }
-}
-
-models::ModelOptions model_options(const TrainConfig& config, const Startup& startup,
+models::ModelOptions model_options(const TrainConfig& config, const DataShape& data,
                                    bool training) {
   models::ModelOptions options;
   options.micro_batch = config.micro_batch;
-  options.sample_shape = startup.sample_shape;
-  options.classes = startup.classes;
+  options.sample_shape = data.sample_shape;
+  options.classes = data.classes;
   options.hidden = config.hidden;
   options.learning_rate = config.learning_rate;
   options.width = config.width;
@@ -49,7 +28,7 @@ models::ModelOptions model_options(const TrainConfig& config, const Startup& sta
   options.optimizer.clip_global_norm = config.clip_norm;
   options.optimizer.loss_scale = config.loss_scaling;
   // The schedule counts optimizer steps: device iterations per host step, over the whole run.
-  const std::size_t total = config.epochs * startup.train_steps * config.device_iterations;
+  const std::size_t total = config.epochs * data.train_steps * config.device_iterations;
   options.optimizer.schedule.kind = config.lr_schedule == "cosine" ? models::ScheduleKind::cosine
                                     : config.lr_schedule == "step" ? models::ScheduleKind::step
                                                                    : models::ScheduleKind::constant;
@@ -103,14 +82,15 @@ std::string describe_split(const models::SplitPlan& plan) {
   return out.str();
 }
 
-void abort_job(MPI_Comm world, const std::string& what) {
-  int rank = 0;
-  MPI_Comm_rank(world, &rank);
-  std::cerr << "ipupod train: error on rank " << rank
-            << (rank == 0 ? " (host)" : " (IPU " + std::to_string(rank - 1) + ")") << ": " << what
-            << std::endl;
-  MPI_Abort(world, 1);
-  std::abort();  // MPI_Abort does not return; this keeps [[noreturn]] honest
+JobModels build_job_models(const TrainConfig& config, const DataShape& data,
+                           models::SplitPlan* plan) {
+  models::ModelOptions training_options = model_options(config, data, true);
+  use_automatic_split(config, training_options, plan);
+  JobModels out{models::build_model(config.model, training_options), {}};
+  models::ModelOptions eval_options = model_options(config, data, false);
+  follow_automatic_split(config, out.training, eval_options);
+  out.eval = models::build_model(config.model, eval_options);
+  return out;
 }
 
 }  // namespace ipupod::pod

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ipu_process/graph.hpp"
+#include "ipu_process/planning.hpp"
 #include "ipu_process/program.hpp"
 #include "models/zoo.hpp"
 

@@ -25,7 +25,7 @@
 #include "host/loader.hpp"
 #include "host/stream_client.hpp"
 #include "host/stream_server.hpp"
-#include "pod/bench.hpp"
+#include "pod/cli/bench.hpp"
 
 namespace ipupod::pod {
 namespace {

@@ -1,5 +1,5 @@
 // Listings for `ipupod info`.
-#include "pod/info.hpp"
+#include "pod/cli/info.hpp"
 
 #include <iomanip>
 

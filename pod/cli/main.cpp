@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "datasets/cli.hpp"
-#include "pod/bench.hpp"
-#include "pod/compile.hpp"
+#include "pod/cli/bench.hpp"
+#include "pod/cli/compile_command.hpp"
+#include "pod/cli/info.hpp"
 #include "pod/config.hpp"
-#include "pod/info.hpp"
-#include "pod/train.hpp"
+#include "pod/job/train.hpp"
 
 namespace {
 
@@ -65,6 +65,26 @@ CLI::Option* add_model_options(CLI::App& app, TrainConfig& c) {
                  "additions and ReLUs stored as float16 (computed in float32, rounded once); "
                  "gradient accumulators, optimizer state and the other ops stay float32")
       ->check(CLI::IsMember({"fp32", "fp16"}))
+      ->capture_default_str();
+  app.add_option("--depth", c.depth, "Block repeat multiplier of the deep models")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--optimizer", c.optimizer,
+                 "sgd, sgd_momentum, adam, adamw or lamb (Adam moments, per-parameter trust "
+                 "ratio ||w|| / ||update||), applied on tiles")
+      ->capture_default_str();
+  app.add_option("--momentum", c.momentum, "Momentum of sgd_momentum")->capture_default_str();
+  app.add_option("--weight-decay", c.weight_decay,
+                 "L2 (sgd*, adam) or decoupled (adamw, lamb) decay")
+      ->capture_default_str();
+  app.add_option("--clip-norm", c.clip_norm,
+                 "Clip gradients by their global L2 norm, as torch's clip_grad_norm_: after the "
+                 "all-reduce and the mean over micro-batches, scale all of them by "
+                 "min(1, X / (norm + 1e-6)); the norm spans every pipeline stage (0: no clipping)")
+      ->capture_default_str();
+  app.add_option("--loss-scaling", c.loss_scaling,
+                 "Static loss scale S: the backward pass starts from S, gradients are divided "
+                 "by S before the update (keeps small float16 gradients from flushing to 0)")
       ->capture_default_str();
   return accumulation;
 }
@@ -157,26 +177,7 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
   train.add_option("--replicas", c.replicas, "Data-parallel replicas (PopTorch replicationFactor)")
       ->capture_default_str();
   train.add_option("--epochs", c.epochs, "Passes over the training split")->capture_default_str();
-  train.add_option("--depth", c.depth, "Block repeat multiplier of the deep models")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
   train.add_option("--learning-rate", c.learning_rate, "Base learning rate")->capture_default_str();
-  train
-      .add_option("--optimizer", c.optimizer,
-                  "sgd, sgd_momentum, adam, adamw or lamb (Adam moments, per-parameter trust "
-                  "ratio ||w|| / ||update||), applied on tiles")
-      ->capture_default_str();
-  train.add_option("--momentum", c.momentum, "Momentum of sgd_momentum")->capture_default_str();
-  train
-      .add_option("--weight-decay", c.weight_decay,
-                  "L2 (sgd*, adam) or decoupled (adamw, lamb) decay")
-      ->capture_default_str();
-  train
-      .add_option("--clip-norm", c.clip_norm,
-                  "Clip gradients by their global L2 norm, as torch's clip_grad_norm_: after the "
-                  "all-reduce and the mean over micro-batches, scale all of them by "
-                  "min(1, X / (norm + 1e-6)); the norm spans every pipeline stage (0: no clipping)")
-      ->capture_default_str();
   train.add_flag(
       "--replicated-tensor-sharding", c.replicated_tensor_sharding,
       "Each of the R replicas keeps 1/R of the optimizer state (Adam moments, "
@@ -189,11 +190,6 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
   train
       .add_option("--warmup-steps", c.warmup_steps,
                   "Optimizer steps of linear learning-rate warm-up")
-      ->capture_default_str();
-  train
-      .add_option("--loss-scaling", c.loss_scaling,
-                  "Static loss scale S: the backward pass starts from S, gradients are divided "
-                  "by S before the update (keeps small float16 gradients from flushing to 0)")
       ->capture_default_str();
   train
       .add_option("--stochastic-rounding", c.stochastic_rounding,
@@ -247,9 +243,6 @@ CLI::Option* add_compile_options(CLI::App& compile, ipupod::pod::CompileConfig& 
   accumulation->default_str("stages")->description(
       "Micro-batches per optimizer step (default: --stages, the fewest the grouped pipeline "
       "takes; the memory does not depend on it)");
-  compile.add_option("--depth", c.train.depth, "Block repeat multiplier of the deep models")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
   compile
       .add_option("--sample-shape", c.sample_shape,
                   "One input sample, e.g. 3,224,224 (default: the model's own)")

@@ -1,8 +1,6 @@
-// `ipupod compile`: each stage of a zoo model lowered and compiled on its own emulated IPU with
-// out-of-memory allowed, the memory reports gathered, and a fit verdict with advice per stage.
-#include "pod/compile.hpp"
-
-#include <malloc.h>
+// One pipeline stage of a zoo model lowered and compiled on its own emulated IPU with
+// out-of-memory allowed, its memory report, and the fit verdict with advice per stage.
+#include "pod/compiler/stage_compile.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -13,28 +11,16 @@
 #include <sstream>
 
 #include "ipu_process/engine.hpp"
-#include "pod/compiler.hpp"
+#include "pod/compiler/compiler.hpp"
+#include "pod/compiler/model_options.hpp"
 #include "pod/report.hpp"
-#include "pod/train.hpp"
-#include "pod/wire.hpp"
 
 namespace ipupod::pod {
 namespace {
 
-constexpr int kStageReportTag = 1;
-
-models::ModelOptions model_options(const CompileConfig& c) {
-  models::ModelOptions o;
-  o.micro_batch = c.train.micro_batch;
-  o.sample_shape = c.sample_shape;
-  o.classes = c.classes;
-  o.hidden = c.train.hidden;
-  o.learning_rate = c.train.learning_rate;
-  o.width = c.train.width;
-  o.depth = c.train.depth;
-  o.pipeline_stages = c.train.stages;
-  o.seed = c.train.seed;
-  return o;
+// What `ipupod compile` knows of the data: the sample shape and classes it was given.
+DataShape compile_data(const CompileConfig& c) {
+  return {c.sample_shape, c.classes, 1};
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -84,14 +70,6 @@ std::string pad(std::string s, std::size_t width) {
   return s;
 }
 
-[[noreturn]] void abort_compile(MPI_Comm world, const std::string& what) {
-  int rank = 0;
-  MPI_Comm_rank(world, &rank);
-  std::cerr << "ipupod compile: error on rank " << rank << ": " << what << std::endl;
-  MPI_Abort(world, 1);
-  std::abort();
-}
-
 }  // namespace
 
 void validate(const CompileConfig& c) {
@@ -126,7 +104,7 @@ void validate(const CompileConfig& c) {
   // The model itself: a sample shape it cannot take, or fewer split units than stages.
   models::Model model;
   try {
-    models::ModelOptions options = model_options(c);
+    models::ModelOptions options = model_options(c.train, compile_data(c), true);
     use_automatic_split(c.train, options, nullptr);
     model = models::build_model(c.train.model, options);
   } catch (const std::invalid_argument& e) {
@@ -142,14 +120,10 @@ void validate(const CompileConfig& c) {
 nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage) {
   const ipu::ArchPreset& arch = ipu::ArchPreset::get(c.train.arch);
   const auto start = std::chrono::steady_clock::now();
-  models::ModelOptions options = model_options(c);
   models::SplitPlan plan;
-  use_automatic_split(c.train, options, &plan);
-  const models::Model model = models::build_model(c.train.model, options);
-  options = model_options(c);
-  options.training = false;
-  follow_automatic_split(c.train, model, options);
-  const models::Model eval_model = models::build_model(c.train.model, options);
+  const JobModels models = build_job_models(c.train, compile_data(c), &plan);
+  const models::Model& model = models.training;
+  const models::Model& eval_model = models.eval;
   CompiledModel compiled =
       compile_for_ipu(model, arch,
                       {.gradient_accumulation = c.train.gradient_accumulation,
@@ -291,76 +265,6 @@ void print_compile_report(const CompileConfig& c, const std::vector<nlohmann::js
                                 : ", and --recompute stashes only what the forward pass cannot"
                                   " make again (the stage's inputs).");
     out << "\n";
-  }
-}
-
-int run_compile(const CompileConfig& c, MPI_Comm world) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(world, &rank);
-  MPI_Comm_size(world, &size);
-  try {
-    validate(c);
-  } catch (const UsageError& e) {
-    if (rank == 0) std::cerr << "ipupod compile: " << e.what() << "\n";
-    return 2;
-  }
-  std::vector<std::size_t> stages;
-  for (std::size_t s = 0; s < c.train.stages; ++s)
-    if (c.only_stages.empty() ||
-        std::find(c.only_stages.begin(), c.only_stages.end(), s) != c.only_stages.end())
-      stages.push_back(s);
-  std::vector<nlohmann::json> reports(stages.size());
-  try {
-    if (rank == 0) std::filesystem::create_directories(c.train.run_dir);
-    for (std::size_t i = static_cast<std::size_t>(rank); i < stages.size();
-         i += static_cast<std::size_t>(size)) {
-      const std::size_t s = stages[i];
-      nlohmann::json report = compile_stage(c, s);
-      malloc_trim(0);  // the stage's graph is gone: give its memory back before the next one
-      const auto& seconds = report.at("compile_seconds");
-      const auto& graph = report.at("graph");
-      std::printf(
-          "stage %zu compiled: lowered in %.1f s (%zu compute sets, %zu vertices), "
-          "engine in %.1f s\n",
-          s, seconds.at("lower").get<double>(), graph.at("compute_sets").get<std::size_t>(),
-          graph.at("vertices").get<std::size_t>(), seconds.at("engine").get<double>());
-      std::fflush(stdout);
-      if (rank == 0) {
-        reports[i] = std::move(report);
-      } else {
-        send_text(report.dump(), 0, kStageReportTag, world);
-      }
-    }
-    if (rank != 0) return 0;
-    for (std::size_t i = 0; i < stages.size(); ++i) {
-      const int from = static_cast<int>(i % static_cast<std::size_t>(size));
-      if (from == 0) continue;
-      reports[i] = nlohmann::json::parse(receive_text(from, kStageReportTag, world));
-    }
-    nlohmann::json memory = nlohmann::json::array();
-    nlohmann::json summary = {{"config", config_json(c.train)},
-                              {"stages", nlohmann::json::array()}};
-    summary["config"].erase("data");
-    summary["config"]["sample_shape"] = c.sample_shape;
-    summary["config"]["classes"] = c.classes;
-    bool all_fit = true;
-    for (const auto& r : reports) {
-      all_fit &= r.at("fits").get<bool>();
-      nlohmann::json row = r;
-      row.erase("per_tile");
-      summary["stages"].push_back(std::move(row));
-      memory.push_back(r);
-    }
-    summary["fits"] = all_fit;
-    write_file_atomically(c.train.run_dir, "memory.json", memory.dump(1) + "\n");
-    write_file_atomically(c.train.run_dir, "compile.json", summary.dump(1) + "\n");
-    print_compile_report(c, reports, std::cout);
-    std::cout << "wrote " << c.train.run_dir << "/{memory.json,compile.json}" << std::endl;
-    return all_fit ? 0 : 1;
-  } catch (const std::exception& e) {
-    if (size > 1) abort_compile(world, e.what());
-    std::cerr << "ipupod compile: " << e.what() << "\n";
-    return 1;
   }
 }
 

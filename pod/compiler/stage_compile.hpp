@@ -1,8 +1,6 @@
-// `ipupod compile`: compiles each pipeline stage of a zoo model for an architecture, without
-// data, training or a host, and reports per stage whether it fits and where it does not.
+// Compiling one pipeline stage of a zoo model for an architecture without data, training or a
+// host (`ipupod compile`), and the report of whether each stage fits and where it does not.
 #pragma once
-
-#include <mpi.h>
 
 #include <cstddef>
 #include <iosfwd>
@@ -33,11 +31,5 @@ nlohmann::json compile_stage(const CompileConfig& config, std::size_t stage);
 // Prints the per-stage table, the worst tiles of each stage that does not fit and advice.
 void print_compile_report(const CompileConfig& config, const std::vector<nlohmann::json>& stages,
                           std::ostream& out);
-
-// Compiles every stage (rank r of the world takes stages r, r + size, ...), rank 0 writes
-// memory.json and compile.json into the run directory and prints the report. Returns the
-// exit code: 0 every stage fits; 1 a stage does not fit (as training would fail: the report
-// is written all the same) or the compile failed; 2 bad usage.
-int run_compile(const CompileConfig& config, MPI_Comm world);
 
 }  // namespace ipupod::pod

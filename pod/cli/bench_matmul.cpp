@@ -19,7 +19,7 @@
 
 #include "ipu_process/engine.hpp"
 #include "ipu_process/ops/matmul.hpp"
-#include "pod/bench.hpp"
+#include "pod/cli/bench.hpp"
 
 namespace ipupod::pod {
 namespace {

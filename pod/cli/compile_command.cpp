@@ -1,0 +1,100 @@
+// `ipupod compile` as a command: the stages spread over the ranks, the reports gathered.
+#include "pod/cli/compile_command.hpp"
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+
+#include "pod/job/protocol.hpp"
+#include "pod/report.hpp"
+
+namespace ipupod::pod {
+namespace {
+
+constexpr int kStageReportTag = 1;
+
+[[noreturn]] void abort_compile(MPI_Comm world, const std::string& what) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  std::cerr << "ipupod compile: error on rank " << rank << ": " << what << std::endl;
+  MPI_Abort(world, 1);
+  std::abort();
+}
+
+}  // namespace
+
+int run_compile(const CompileConfig& c, MPI_Comm world) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  try {
+    validate(c);
+  } catch (const UsageError& e) {
+    if (rank == 0) std::cerr << "ipupod compile: " << e.what() << "\n";
+    return 2;
+  }
+  std::vector<std::size_t> stages;
+  for (std::size_t s = 0; s < c.train.stages; ++s)
+    if (c.only_stages.empty() ||
+        std::find(c.only_stages.begin(), c.only_stages.end(), s) != c.only_stages.end())
+      stages.push_back(s);
+  std::vector<nlohmann::json> reports(stages.size());
+  try {
+    if (rank == 0) std::filesystem::create_directories(c.train.run_dir);
+    for (std::size_t i = static_cast<std::size_t>(rank); i < stages.size();
+         i += static_cast<std::size_t>(size)) {
+      const std::size_t s = stages[i];
+      nlohmann::json report = compile_stage(c, s);
+      malloc_trim(0);  // the stage's graph is gone: give its memory back before the next one
+      const auto& seconds = report.at("compile_seconds");
+      const auto& graph = report.at("graph");
+      std::printf(
+          "stage %zu compiled: lowered in %.1f s (%zu compute sets, %zu vertices), "
+          "engine in %.1f s\n",
+          s, seconds.at("lower").get<double>(), graph.at("compute_sets").get<std::size_t>(),
+          graph.at("vertices").get<std::size_t>(), seconds.at("engine").get<double>());
+      std::fflush(stdout);
+      if (rank == 0) {
+        reports[i] = std::move(report);
+      } else {
+        send_text(report.dump(), 0, kStageReportTag, world);
+      }
+    }
+    if (rank != 0) return 0;
+    for (std::size_t i = 0; i < stages.size(); ++i) {
+      const int from = static_cast<int>(i % static_cast<std::size_t>(size));
+      if (from == 0) continue;
+      reports[i] = nlohmann::json::parse(receive_text(from, kStageReportTag, world));
+    }
+    nlohmann::json memory = nlohmann::json::array();
+    nlohmann::json summary = {{"config", config_json(c.train)},
+                              {"stages", nlohmann::json::array()}};
+    summary["config"].erase("data");
+    summary["config"]["sample_shape"] = c.sample_shape;
+    summary["config"]["classes"] = c.classes;
+    bool all_fit = true;
+    for (const auto& r : reports) {
+      all_fit &= r.at("fits").get<bool>();
+      nlohmann::json row = r;
+      row.erase("per_tile");
+      summary["stages"].push_back(std::move(row));
+      memory.push_back(r);
+    }
+    summary["fits"] = all_fit;
+    write_file_atomically(c.train.run_dir, "memory.json", memory.dump(1) + "\n");
+    write_file_atomically(c.train.run_dir, "compile.json", summary.dump(1) + "\n");
+    print_compile_report(c, reports, std::cout);
+    std::cout << "wrote " << c.train.run_dir << "/{memory.json,compile.json}" << std::endl;
+    return all_fit ? 0 : 1;
+  } catch (const std::exception& e) {
+    if (size > 1) abort_compile(world, e.what());
+    std::cerr << "ipupod compile: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace ipupod::pod

@@ -1,0 +1,32 @@
+// The pipeline schedules of one optimizer step on one stage: Graphcore's grouped pipeline
+// (ramp-up, main phase, ramp-down, activation stashes) and sequential (sharded) execution.
+#pragma once
+
+#include <set>
+#include <vector>
+
+#include "ipu_process/program.hpp"
+#include "pod/compiler/compiler.hpp"
+#include "pod/compiler/lowering.hpp"
+
+namespace ipupod::pod {
+
+// What one micro-batch runs on this stage, and what the schedule needs to stash.
+struct MicroBatchPrograms {
+  ipu::Program forward;   // host streams (stage 0), the forward pass, the loss to the host
+  ipu::Program backward;  // the backward pass and the gradient accumulation
+  // Recomputation: the forward ops run again before the backward pass (empty without it).
+  const ipu::Program* recompute = nullptr;
+  std::set<const models::Op*> recomputed;
+  std::vector<models::ValueId> forward_values;  // every value the forward pass made
+};
+
+// Appends to `step` the `shape.gradient_accumulation` micro-batches of this stage in the
+// schedule's order: one after the other (one stage), stage after stage with a sync after each
+// turn (sequential), or in the grouped pipeline's slots with a sync ending each slot and the
+// activations the backward pass reads kept in a ring of stash slots (sets out.stash_slots).
+void add_pipeline_schedule(const models::Model& model, const StepShape& shape,
+                           const MicroBatchPrograms& micro_batch, const Lowering& lowering,
+                           CompiledModel& out, ipu::Program& step);
+
+}  // namespace ipupod::pod

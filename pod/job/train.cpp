@@ -1,0 +1,37 @@
+// Role dispatch and the failure policy of a training job: bad input exits 2 on every rank,
+// a runtime failure after start-up aborts the whole MPI job with the message on stderr.
+#include "pod/job/train.hpp"
+
+#include <cstdlib>
+#include <iostream>
+
+namespace ipupod::pod {
+
+int run_train(const TrainConfig& config, MPI_Comm world) {
+  int rank = 0, size = 0;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  try {
+    validate(config, size);
+  } catch (const UsageError& e) {
+    if (rank == 0) std::cerr << "ipupod train: " << e.what() << "\n";
+    return 2;
+  }
+  try {
+    return rank == 0 ? run_host(config, world) : run_ipu(config, world);
+  } catch (const std::exception& e) {
+    abort_job(world, e.what());
+  }
+}
+
+void abort_job(MPI_Comm world, const std::string& what) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  std::cerr << "ipupod train: error on rank " << rank
+            << (rank == 0 ? " (host)" : " (IPU " + std::to_string(rank - 1) + ")") << ": " << what
+            << std::endl;
+  MPI_Abort(world, 1);
+  std::abort();  // MPI_Abort does not return; this keeps [[noreturn]] honest
+}
+
+}  // namespace ipupod::pod
