@@ -48,15 +48,19 @@ int run_compile(const CompileConfig& c, MPI_Comm world) {
     for (std::size_t i = static_cast<std::size_t>(rank); i < stages.size();
          i += static_cast<std::size_t>(size)) {
       const std::size_t s = stages[i];
-      nlohmann::json report = compile_stage(c, s);
+      nlohmann::json report = compile_stage(c, s, &std::cout);
       malloc_trim(0);  // the stage's graph is gone: give its memory back before the next one
       const auto& seconds = report.at("compile_seconds");
       const auto& graph = report.at("graph");
       std::printf(
           "stage %zu compiled: lowered in %.1f s (%zu compute sets, %zu vertices), "
-          "engine in %.1f s\n",
+          "engine in %.1f s; peak host memory %.1f MiB for %.1f MiB of tile memory\n",
           s, seconds.at("lower").get<double>(), graph.at("compute_sets").get<std::size_t>(),
-          graph.at("vertices").get<std::size_t>(), seconds.at("engine").get<double>());
+          graph.at("vertices").get<std::size_t>(), seconds.at("engine").get<double>(),
+          static_cast<double>(
+              report.at("host_memory").at("peak_resident_bytes").get<std::size_t>()) /
+              (1024.0 * 1024.0),
+          static_cast<double>(report.at("total_bytes").get<std::size_t>()) / (1024.0 * 1024.0));
       std::fflush(stdout);
       if (rank == 0) {
         reports[i] = std::move(report);

@@ -3,9 +3,11 @@
 // replica all-reduce, optimizer step, device iterations).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ipu_process/graph.hpp"
@@ -74,7 +76,18 @@ struct CompiledModel {
 // name) onto one IPU. Values crossing stages travel by send/receive programs over the fabric
 // (peer = stage index in the replica); the host talks to stage 0 only, so the loss and the
 // evaluation outputs are sent back to it.
+// Where a compile stands, for progress lines while it works: the phase being lowered
+// ("forward", "backward", "optimizer", "evaluation"), the ops of this stage lowered so far of
+// the phase's total, and the op just lowered.
+struct CompileProgress {
+  std::string_view phase;
+  std::size_t done = 0, total = 0;
+  std::string_view op;
+};
+using CompileProgressFn = std::function<void(const CompileProgress&)>;
+
 CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset& arch,
-                              const StepShape& shape, const models::Model* eval_model = nullptr);
+                              const StepShape& shape, const models::Model* eval_model = nullptr,
+                              const CompileProgressFn& progress = {});
 
 }  // namespace ipupod::pod

@@ -29,8 +29,16 @@ void Lowering::set_model(const models::Model& model, bool owns_variables) {
 void Lowering::lower_phase(Phase phase, ipu::Program& prog, int stage, const Transfers& transfers,
                            const std::set<const models::Op*>& recomputed, ipu::Program* recompute) {
   if (!share_casts_) casts_.clear();
+  const auto on_stage = [&](const models::Op& op) {
+    return op.phase == phase && op.kind != OpKind::sgd_step && op.pipeline_stage == stage;
+  };
+  std::size_t total = 0, done = 0;
+  for (const auto& op : model_->graph.ops()) total += on_stage(op);
+  const std::string_view phase_name = !owns_variables_          ? "evaluation"
+                                      : phase == Phase::forward ? "forward"
+                                                                : "backward";
   for (const auto& op : model_->graph.ops()) {
-    if (op.phase != phase || op.kind == OpKind::sgd_step || op.pipeline_stage != stage) continue;
+    if (!on_stage(op)) continue;
     for (models::ValueId v : op.inputs) {
       if (tensors_.count(v)) continue;
       const models::Op& producer = model_->graph.producer(v);
@@ -51,6 +59,7 @@ void Lowering::lower_phase(Phase phase, ipu::Program& prog, int stage, const Tra
       lower(op, prog);
     }
     if (op.output) send(*op.output, stage, transfers, prog);
+    if (progress_ && *progress_) (*progress_)({phase_name, ++done, total, op.name});
   }
 }
 

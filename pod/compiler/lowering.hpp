@@ -26,6 +26,8 @@ class Lowering {
   // The model whose ops are lowered next; parameters, state and host inputs are shared by name
   // with the models lowered before (the evaluation model uses the training model's weights).
   void set_model(const models::Model& model, bool owns_variables);
+  // Called after each op lowered by lower_phase and lower_optimizer (may be empty).
+  void set_progress(const CompileProgressFn* progress) { progress_ = progress; }
   // Whether a later phase may read the casts an earlier one made: not when the pipeline
   // stashes activations, as it stashes values, not their casts.
   void share_casts_between_phases(bool share) { share_casts_ = share; }
@@ -115,6 +117,7 @@ class Lowering {
   std::set<const models::Op*> lamb_done_;
   bool sharded_ = false;
   std::map<models::ValueId, std::pair<std::size_t, std::size_t>> shards_;
+  const CompileProgressFn* progress_ = nullptr;
 };
 
 }  // namespace ipupod::pod

@@ -7,12 +7,14 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <iomanip>
 #include <iostream>
 #include <sstream>
 
 #include "ipu_process/engine.hpp"
 #include "pod/compiler/compiler.hpp"
 #include "pod/compiler/model_options.hpp"
+#include "pod/host_memory.hpp"
 #include "pod/report.hpp"
 
 namespace ipupod::pod {
@@ -22,6 +24,9 @@ namespace {
 DataShape compile_data(const CompileConfig& c) {
   return {c.sample_shape, c.classes, 1};
 }
+
+// How often a compile says where it stands.
+constexpr double kProgressSeconds = 5;
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -117,9 +122,24 @@ void validate(const CompileConfig& c) {
                      "; choose --stages " + std::to_string(split) + " or fewer");
 }
 
-nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage) {
+nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ostream* progress) {
   const ipu::ArchPreset& arch = ipu::ArchPreset::get(c.train.arch);
   const auto start = std::chrono::steady_clock::now();
+  const bool peak_of_stage = reset_peak_resident();
+  auto last_line = start;
+  const auto say = [&](const std::string& what) {
+    *progress << "stage " << stage << ": " << what << ", " << std::fixed << std::setprecision(1)
+              << seconds_since(start) << " s, " << mib(resident_bytes()) << " resident"
+              << std::endl;
+    last_line = std::chrono::steady_clock::now();
+  };
+  CompileProgressFn lowered;
+  if (progress)
+    lowered = [&](const CompileProgress& p) {
+      if (seconds_since(last_line) < kProgressSeconds && p.done != p.total) return;
+      say("lowering the " + std::string(p.phase) + " pass, " + std::to_string(p.done) + "/" +
+          std::to_string(p.total) + " ops (" + std::string(p.op) + ")");
+    };
   models::SplitPlan plan;
   const JobModels models = build_job_models(c.train, compile_data(c), &plan);
   const models::Model& model = models.training;
@@ -135,8 +155,9 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage) {
                        .recompute = c.train.recompute,
                        .float16 = c.train.precision == "fp16",
                        .available_memory_proportion = c.train.available_memory_proportion},
-                      &eval_model);
+                      &eval_model, lowered);
   const double lower_seconds = seconds_since(start);
+  if (progress) say("building the engine (memory plan, liveness, programs)");
   const auto engine_start = std::chrono::steady_clock::now();
   // Out of memory allowed: the report of a stage that does not fit is the point.
   const ipu::Engine engine(*compiled.graph, compiled.programs, {.allow_out_of_memory = true});
@@ -170,6 +191,8 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage) {
                 {"tile_intervals", intervals},
                 {"max_intervals_per_tile", *std::max_element(per_tile.begin(), per_tile.end())}};
   j["compile_seconds"] = {{"lower", lower_seconds}, {"engine", engine_seconds}};
+  j["host_memory"] = {{"peak_resident_bytes", peak_resident_bytes()},
+                      {"peak_of_this_stage_only", peak_of_stage}};
   if (!plan.stages.empty()) j["automatic_split"] = describe_split(plan);
   return j;
 }
@@ -186,7 +209,8 @@ void print_compile_report(const CompileConfig& c, const std::vector<nlohmann::js
     out << stages.front().at("automatic_split").get<std::string>() << "\n";
   out << pad("stage", 7) << pad("layers", 44) << pad("params", 11)
       << pad("peak tile (of " + kib(arch.bytes_per_tile) + ")", 28) << pad("tiles over", 12)
-      << pad("total (of " + mib(arch.bytes_per_ipu()) + ")", 24) << pad("fits", 6) << "compile s\n";
+      << pad("total (of " + mib(arch.bytes_per_ipu()) + ")", 24) << pad("fits", 6)
+      << pad("compile s", 11) << "host peak\n";
   for (const auto& s : stages) {
     const auto& layers = s.at("layers");
     std::string names = layers.at("first").get<std::string>();
@@ -204,7 +228,8 @@ void print_compile_report(const CompileConfig& c, const std::vector<nlohmann::js
         << pad(params, 11) << pad(kib(peak) + " (" + percent(peak, arch.bytes_per_tile) + ")", 28)
         << pad(std::to_string(s.at("tiles_over_capacity").get<std::size_t>()), 12)
         << pad(mib(total) + " (" + percent(total, arch.bytes_per_ipu()) + ")", 24)
-        << pad(s.at("fits").get<bool>() ? "yes" : "no", 6) << compile_s << "\n";
+        << pad(s.at("fits").get<bool>() ? "yes" : "no", 6) << pad(compile_s, 11)
+        << mib(s.at("host_memory").at("peak_resident_bytes").get<std::size_t>()) << "\n";
   }
 
   bool all_fit = true;

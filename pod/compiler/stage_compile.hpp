@@ -25,8 +25,13 @@ struct CompileConfig {
 void validate(const CompileConfig& config);
 
 // The report of one compiled stage: memory.json's entry (memory_report_json plus "stage",
-// "layers", "parameters", "stash_slots", "stash_bytes", "fits", "compile_seconds").
-nlohmann::json compile_stage(const CompileConfig& config, std::size_t stage);
+// "layers", "parameters", "stash_slots", "stash_bytes", "fits", "compile_seconds", and
+// "host_memory": the compiling process's peak resident bytes while it compiled the stage).
+// With `progress`, prints where the compile stands every few seconds (phase, ops lowered of
+// the phase's total, the op, elapsed seconds, resident memory), so a long compile never looks
+// like a hang.
+nlohmann::json compile_stage(const CompileConfig& config, std::size_t stage,
+                             std::ostream* progress = nullptr);
 
 // Prints the per-stage table, the worst tiles of each stage that does not fit and advice.
 void print_compile_report(const CompileConfig& config, const std::vector<nlohmann::json>& stages,

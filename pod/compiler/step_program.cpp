@@ -172,7 +172,8 @@ void add_eval_program(const models::Model& model, const StepShape& shape,
 }  // namespace
 
 CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset& arch,
-                              const StepShape& shape, const models::Model* eval_model) {
+                              const StepShape& shape, const models::Model* eval_model,
+                              const CompileProgressFn& progress) {
   const int stages = static_cast<int>(shape.stages), stage = static_cast<int>(shape.stage);
   if (stages > 1 && model.graph.max_stage() + 1 != stages)
     throw std::invalid_argument("model '" + model.name + "' is split into " +
@@ -183,6 +184,7 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   out.graph->set_available_memory_proportion(shape.available_memory_proportion);
   ipu::Graph& g = *out.graph;
   Lowering lowering(out, shape.float16);
+  lowering.set_progress(&progress);
   lowering.set_model(model, true);
   lowering.share_casts_between_phases(stages == 1 || !shape.grouped);
   const Transfers transfers = plan_transfers(model, {model.loss}, 0);

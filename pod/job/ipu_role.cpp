@@ -11,6 +11,7 @@
 #include "ipu_process/engine.hpp"
 #include "models/interpreter.hpp"
 #include "pod/compiler/compiler.hpp"
+#include "pod/host_memory.hpp"
 #include "pod/job/device_fabric.hpp"
 #include "pod/job/protocol.hpp"
 #include "pod/job/stage_relay.hpp"
@@ -321,6 +322,8 @@ void IpuRole::send_reports_and_weights() {
   report["stage"] = place_.stage;
   report["stash_slots"] = compiled_.stash_slots;
   report["parameter_tensors"] = compiled_.parameters.size();
+  // The emulator's own memory beside the tile memory it emulates.
+  report["host_peak_resident_bytes"] = peak_resident_bytes();
   std::vector<nlohmann::json> later = relay_.gather_reports(report);
   if (!first_stage()) return;
   if (!later.empty()) report["later_stages"] = std::move(later);
