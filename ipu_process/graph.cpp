@@ -79,11 +79,13 @@ void check_reshape(const std::vector<std::size_t>& from, const std::vector<std::
 }
 }  // namespace
 
-Tensor::Tensor(VariableId var, std::size_t offset, std::vector<std::size_t> shape, DType dtype)
-    : var_(var), offset_(offset), shape_(std::move(shape)), dtype_(dtype) {}
+Tensor::Tensor(VariableId var, std::size_t offset, Shape shape, DType dtype)
+    : offset_(offset), var_(var), shape_(shape), dtype_(dtype) {}
 
 std::size_t Tensor::elements() const {
-  return product(shape_);
+  std::size_t n = 1;
+  for (std::size_t d : shape_) n *= d;
+  return n;
 }
 
 Tensor Tensor::reshape(std::vector<std::size_t> shape) const {
@@ -105,13 +107,12 @@ Tensor Tensor::rows(std::size_t begin, std::size_t end) const {
   std::vector<std::size_t> shape = shape_;
   shape[0] = end - begin;
   const std::size_t row_elements = elements() / std::max<std::size_t>(shape_[0], 1);
-  return Tensor(var_, offset_ + begin * row_elements, std::move(shape), dtype_);
+  return Tensor(var_, offset_ + begin * row_elements, shape, dtype_);
 }
 
 Tensor Tensor::row(std::size_t i) const {
   Tensor r = rows(i, i + 1);
-  std::vector<std::size_t> shape(r.shape_.begin() + 1, r.shape_.end());
-  return Tensor(var_, r.offset_, std::move(shape), dtype_);
+  return Tensor(var_, r.offset_, Shape(r.shape_.begin() + 1, r.shape_.end()), dtype_);
 }
 
 namespace {

@@ -12,6 +12,7 @@
 
 #include "ipu_process/arch.hpp"
 #include "ipu_process/planning.hpp"
+#include "ipu_process/shape.hpp"
 
 namespace ipupod::ipu {
 
@@ -31,11 +32,11 @@ using ComputeSetId = std::uint32_t;
 class Tensor {
  public:
   Tensor() = default;
-  Tensor(VariableId var, std::size_t offset, std::vector<std::size_t> shape, DType dtype);
+  Tensor(VariableId var, std::size_t offset, Shape shape, DType dtype);
 
   VariableId variable() const { return var_; }
   std::size_t offset() const { return offset_; }
-  const std::vector<std::size_t>& shape() const { return shape_; }
+  const Shape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
   std::size_t elements() const;
   std::size_t rank() const { return shape_.size(); }
@@ -48,9 +49,9 @@ class Tensor {
   Tensor rows(std::size_t begin, std::size_t end) const;   // range of the first dimension
 
  private:
-  VariableId var_ = 0;
   std::size_t offset_ = 0;
-  std::vector<std::size_t> shape_;
+  VariableId var_ = 0;
+  Shape shape_;  // inline: a Tensor is 48 bytes and allocates nothing
   DType dtype_ = DType::f32;
 };
 

@@ -821,7 +821,7 @@ Tensor slice(Graph& graph, Program& prog, const Tensor& x, std::size_t axis, std
     throw std::invalid_argument(name + ": slice [" + std::to_string(begin) + ", " +
                                 std::to_string(end) + ") of an axis of " +
                                 std::to_string(x.dim(axis)));
-  auto shape = x.shape();
+  std::vector<std::size_t> shape = x.shape();
   shape[axis] = end - begin;
   Operand op{x, strides_of(x.shape()), 0};
   op.offset = static_cast<Index>(begin) * op.strides[axis];
@@ -853,11 +853,11 @@ Tensor concat(Graph& graph, Program& prog, const std::vector<Tensor>& xs, std::s
               const std::string& name) {
   if (xs.empty()) throw std::invalid_argument(name + ": concat of no tensors");
   check_axis(axis, xs[0].rank(), name);
-  auto shape = xs[0].shape();
+  std::vector<std::size_t> shape = xs[0].shape();
   shape[axis] = 0;
   for (const auto& x : xs) {
     check_f32(x, name, "every input");
-    auto s = x.shape(), want = xs[0].shape();
+    std::vector<std::size_t> s = x.shape(), want = xs[0].shape();
     if (s.size() == want.size()) s[axis] = want[axis] = 0;
     if (s != want)
       throw std::invalid_argument(name + ": cannot concatenate " + shape_str(x.shape()) + " with " +

@@ -297,8 +297,9 @@ void IpuRole::send_checkpoint() {
 void IpuRole::send_own_checkpoint_tensors() {
   for (const auto& [name, tensor] : compiled_.checkpointed) {
     const std::vector<std::byte> bytes = engine_->read(tensor);
-    client_->send(host::FrameView(kCheckpointFrames, step_, host_dtype(tensor.dtype()),
-                                  tensor.shape(), bytes));
+    const std::vector<std::size_t> shape = tensor.shape();
+    client_->send(
+        host::FrameView(kCheckpointFrames, step_, host_dtype(tensor.dtype()), shape, bytes));
   }
 }
 

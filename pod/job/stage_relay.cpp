@@ -18,7 +18,7 @@ nlohmann::json StageRelay::manifest(
     const std::vector<std::pair<std::string, ipu::Tensor>>& tensors) {
   nlohmann::json j = nlohmann::json::array();
   for (const auto& [name, tensor] : tensors)
-    j.push_back({name, tensor.shape(), static_cast<int>(tensor.dtype())});
+    j.push_back({name, std::vector<std::size_t>(tensor.shape()), static_cast<int>(tensor.dtype())});
   return j;
 }
 
