@@ -33,8 +33,12 @@ void CodeletRegistry::add(Codelet codelet) {
     if (std::find(codelet.fields.begin(), codelet.fields.end(), output) == codelet.fields.end())
       throw std::logic_error("codelet '" + name + "' lists output '" + output +
                              "', which is not one of its fields");
-  if (!codelets_.emplace(name, std::move(codelet)).second)
-    throw std::logic_error("codelet '" + name + "' registered twice");
+  if (by_index_.size() > UINT16_MAX)
+    throw std::logic_error("codelet '" + name + "': more codelets than a vertex record names");
+  codelet.index = static_cast<std::uint16_t>(by_index_.size());
+  const auto [it, added] = codelets_.emplace(name, std::move(codelet));
+  if (!added) throw std::logic_error("codelet '" + name + "' registered twice");
+  by_index_.push_back(&it->second);
 }
 
 const Codelet& CodeletRegistry::get(const std::string& name) const {

@@ -66,6 +66,7 @@ struct Codelet {
   // what the codelet changed back to float16, as the AMP and vector units accumulate in
   // float32). A codelet that converts between the two itself sees their 16-bit storage.
   bool reads_float16_storage = false;
+  std::uint16_t index = 0;  // set by the registry: what a VertexRecord names it by
 };
 
 class CodeletRegistry {
@@ -73,10 +74,12 @@ class CodeletRegistry {
   static const CodeletRegistry& builtin();
   void add(Codelet codelet);
   const Codelet& get(const std::string& name) const;  // throws std::invalid_argument
+  const Codelet& at(std::uint16_t index) const { return *by_index_.at(index); }
   const std::map<std::string, Codelet>& all() const { return codelets_; }
 
  private:
   std::map<std::string, Codelet> codelets_;
+  std::vector<const Codelet*> by_index_;  // in registration order
 };
 
 // Cost helpers shared by the codelets' estimators.

@@ -6,6 +6,8 @@
 #include <set>
 #include <stdexcept>
 
+#include "ipu_process/codelets.hpp"
+
 namespace ipupod::ipu {
 
 std::size_t dtype_size(DType dtype) {
@@ -491,12 +493,53 @@ unsigned Graph::tile_of(const Tensor& t) const {
 }
 
 ComputeSetId Graph::add_compute_set(std::string name) {
-  compute_sets_.push_back({std::move(name), {}});
+  compute_sets_.push_back({std::move(name), {}, {}, {}, {}});
   return static_cast<ComputeSetId>(compute_sets_.size() - 1);
 }
 
-void Graph::add_vertex(ComputeSetId cs, Vertex vertex) {
-  compute_sets_.at(cs).vertices.push_back(std::move(vertex));
+void Graph::add_vertex(ComputeSetId cs_id, const Vertex& vertex) {
+  ComputeSet& cs = compute_sets_.at(cs_id);
+  const Codelet& codelet = CodeletRegistry::builtin().get(vertex.codelet);
+  const auto where = [&] {
+    return "vertex " + std::to_string(cs.vertices.size()) + " (" + vertex.codelet +
+           ") of compute set '" + cs.name + "'";
+  };
+  if (vertex.fields.size() != codelet.fields.size())
+    throw std::logic_error(where() + " connects " + std::to_string(vertex.fields.size()) +
+                           " fields, the codelet has " + std::to_string(codelet.fields.size()));
+  if (vertex.params.size() > UINT16_MAX || vertex.tile >= tiles())
+    throw std::logic_error(where() + " has " + std::to_string(vertex.params.size()) +
+                           " parameters on tile " + std::to_string(vertex.tile) +
+                           "; at most 65535 parameters, on a tile of the IPU");
+  VertexRecord record;
+  record.cycles = codelet.cycles(vertex, arch_);
+  record.tile = vertex.tile;
+  record.first_field = static_cast<std::uint32_t>(cs.field_ends.size());
+  record.first_param = static_cast<std::uint32_t>(cs.params.size());
+  record.codelet = codelet.index;
+  record.fields = static_cast<std::uint16_t>(vertex.fields.size());
+  record.params = static_cast<std::uint16_t>(vertex.params.size());
+  std::size_t regions = 0;
+  for (const auto& field : vertex.fields) regions += field.size();
+  if (cs.regions.size() + regions > UINT32_MAX ||
+      cs.params.size() + vertex.params.size() > UINT32_MAX)
+    throw std::logic_error("compute set '" + cs.name +
+                           "' would hold more than 2^32 regions or parameters; split it");
+  for (const auto& field : vertex.fields) {
+    for (const Tensor& region : field) {
+      const Variable& var = variables_.at(region.variable());
+      if (region.dtype() != var.dtype || region.elements() > UINT32_MAX)
+        throw std::logic_error(where() + ": region " + describe(region) + " of " +
+                               std::to_string(region.elements()) + " " +
+                               dtype_name(region.dtype()) + " elements of a " +
+                               dtype_name(var.dtype) + " variable");
+      cs.regions.push_back(
+          {region.offset(), region.variable(), static_cast<std::uint32_t>(region.elements())});
+    }
+    cs.field_ends.push_back(static_cast<std::uint32_t>(cs.regions.size()));
+  }
+  cs.params.insert(cs.params.end(), vertex.params.begin(), vertex.params.end());
+  cs.vertices.push_back(record);
 }
 
 std::string Graph::describe(const Tensor& t) const {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -128,8 +129,9 @@ struct Variable {
   std::vector<TileInterval> mapping;  // sorted, disjoint, adjacent same-tile runs merged
 };
 
-// A vertex: one codelet instance on one tile. Each field is a list of regions (like
-// Poplar's Vector<Input<Vector<T>>>); every region must live on the vertex's tile.
+// A vertex as an op library builds it: one codelet instance on one tile. Each field is a list
+// of regions (like Poplar's Vector<Input<Vector<T>>>); every region must live on the vertex's
+// tile. Graph::add_vertex packs it into its compute set's tables (VertexRecord below).
 struct Vertex {
   std::string codelet;
   unsigned tile = 0;
@@ -137,9 +139,46 @@ struct Vertex {
   std::vector<double> params;               // scalar parameters (sizes, flags, factors)
 };
 
+// One region of a vertex field as the graph keeps it: elements [offset, offset + elements) of
+// a variable, whose dtype it has.
+struct FieldRegion {
+  std::uint64_t offset = 0;
+  VariableId var = 0;
+  std::uint32_t elements = 0;
+};
+
+// A vertex as the graph keeps it, in the spirit of Poplar's compact vertex state: a record of
+// a few tens of bytes; its fields' regions and its parameters live in the compute set's shared
+// tables, so a full-size model's millions of vertices allocate nothing each.
+struct VertexRecord {
+  std::uint64_t cycles = 0;  // its worker's busy cycles (the codelet's estimate)
+  std::uint32_t tile = 0;
+  std::uint32_t first_field = 0;  // its field f ends at ComputeSet::field_ends[first_field + f]
+  std::uint32_t first_param = 0;  // into ComputeSet::params
+  std::uint16_t codelet = 0;      // the codelet's index in the registry (Codelet::index)
+  std::uint16_t fields = 0, params = 0;
+};
+
 struct ComputeSet {
   std::string name;
-  std::vector<Vertex> vertices;
+  std::vector<VertexRecord> vertices;
+  // Field k (over the whole compute set) holds regions[field_ends[k - 1] .. field_ends[k]).
+  std::vector<std::uint32_t> field_ends;
+  std::vector<FieldRegion> regions;
+  std::vector<double> params;
+
+  std::span<const FieldRegion> field(const VertexRecord& v, std::size_t f) const {
+    const std::size_t k = v.first_field + f;
+    const std::size_t begin = k == 0 ? 0 : field_ends[k - 1];
+    return std::span(regions).subspan(begin, field_ends[k] - begin);
+  }
+  std::span<const double> vertex_params(const VertexRecord& v) const {
+    return std::span(params).subspan(v.first_param, v.params);
+  }
+  std::size_t regions_of(const VertexRecord& v) const {
+    const std::size_t begin = v.first_field == 0 ? 0 : field_ends[v.first_field - 1];
+    return field_ends[v.first_field + v.fields - 1] - begin;
+  }
 };
 
 class Graph {
@@ -170,11 +209,18 @@ class Graph {
   unsigned tile_of(const Tensor& t) const;
 
   ComputeSetId add_compute_set(std::string name);
-  void add_vertex(ComputeSetId cs, Vertex vertex);
+  // Checks the vertex against its codelet (known, its field count, every region of one
+  // variable's dtype), estimates its cycles and packs it; std::invalid_argument or
+  // std::logic_error naming the vertex otherwise.
+  void add_vertex(ComputeSetId cs, const Vertex& vertex);
 
   const Variable& variable(VariableId id) const { return variables_.at(id); }
   const std::vector<Variable>& variables() const { return variables_; }
   const std::vector<ComputeSet>& compute_sets() const { return compute_sets_; }
+  // A vertex field's region as a flat tensor of its variable.
+  Tensor tensor(const FieldRegion& r) const {
+    return Tensor(r.var, r.offset, {r.elements}, variables_.at(r.var).dtype);
+  }
   std::string describe(const Tensor& t) const;  // "name[offset:offset+n]" for messages
   std::string describe(const View& v) const;    // its regions, for messages
 

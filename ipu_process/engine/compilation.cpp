@@ -100,28 +100,24 @@ Engine::Node Engine::compile(const Program& p) {
       const auto& registry = CodeletRegistry::builtin();
       std::map<unsigned, std::vector<std::uint64_t>> worker_loads;
       std::size_t vi = 0, fields_so_far = 0;
-      for (const Vertex& v : cs.vertices) {
-        const Codelet& codelet = registry.get(v.codelet);
-        if (v.fields.size() != codelet.fields.size())
-          throw std::logic_error("vertex " + std::to_string(vi) + " (" + v.codelet +
-                                 ") of compute set '" + cs.name + "' connects " +
-                                 std::to_string(v.fields.size()) + " fields, the codelet has " +
-                                 std::to_string(codelet.fields.size()));
-        CompiledComputeSet::VertexRuntime rt{
-            &codelet, v.tile, fields_so_far, v.fields.size(), ccs->params.size(), v.params.size()};
-        for (std::size_t f = 0; f < v.fields.size(); ++f) {
-          for (const Tensor& region : v.fields[f]) {
+      for (const VertexRecord& v : cs.vertices) {
+        const Codelet& codelet = registry.at(v.codelet);
+        CompiledComputeSet::VertexRuntime rt{&codelet,           v.tile,  fields_so_far, v.fields,
+                                             ccs->params.size(), v.params};
+        for (std::size_t f = 0; f < v.fields; ++f) {
+          for (const FieldRegion& field_region : cs.field(v, f)) {
+            const Tensor region = graph_.tensor(field_region);
             auto pieces = resolve(region);
             for (const auto& piece : pieces)
               if (piece.tile != v.tile)
                 throw std::logic_error(
-                    "vertex " + std::to_string(vi) + " (" + v.codelet + ") on tile " +
+                    "vertex " + std::to_string(vi) + " (" + codelet.name + ") on tile " +
                     std::to_string(v.tile) + " in compute set '" + cs.name + "': field '" +
                     codelet.fields[f] + "' is connected to " + graph_.describe(region) +
                     " which lives on tile " + std::to_string(piece.tile) +
                     "; a vertex may only touch its own tile's memory (copy the data first)");
             if (pieces.size() > 1)
-              throw std::logic_error("vertex " + std::to_string(vi) + " (" + v.codelet +
+              throw std::logic_error("vertex " + std::to_string(vi) + " (" + codelet.name +
                                      "): field '" + codelet.fields[f] + "' region " +
                                      graph_.describe(region) +
                                      " is not contiguous in tile memory; split it into regions");
@@ -133,21 +129,23 @@ Engine::Node Engine::compile(const Program& p) {
             ccs->region_bytes.push_back(region.elements() * dtype_size(region.dtype()));
           }
         }
-        ccs->params.insert(ccs->params.end(), v.params.begin(), v.params.end());
+        const auto params = cs.vertex_params(v);
+        ccs->params.insert(ccs->params.end(), params.begin(), params.end());
         ccs->vertices.push_back(rt);
-        fields_so_far += v.fields.size();
+        fields_so_far += v.fields;
         // Greedy: each vertex goes to the least-loaded of the tile's worker contexts.
         auto& loads = worker_loads[v.tile];
         if (loads.empty()) loads.assign(arch.workers_per_tile, 0);
-        *std::min_element(loads.begin(), loads.end()) += codelet.cycles(v, arch);
+        *std::min_element(loads.begin(), loads.end()) += v.cycles;
         ++vi;
       }
       // Spans into the region table are made once it has stopped growing.
       std::size_t cursor = 0;
-      for (const Vertex& v : cs.vertices)
-        for (const auto& f : v.fields) {
-          ccs->fields.emplace_back(ccs->regions.data() + cursor, f.size());
-          cursor += f.size();
+      for (const VertexRecord& v : cs.vertices)
+        for (std::size_t f = 0; f < v.fields; ++f) {
+          const std::size_t n = cs.field(v, f).size();
+          ccs->fields.emplace_back(ccs->regions.data() + cursor, n);
+          cursor += n;
         }
       for (const auto& [tile, loads] : worker_loads)
         ccs->cycles = std::max(ccs->cycles, *std::max_element(loads.begin(), loads.end()));

@@ -226,14 +226,15 @@ class LivenessWalk {
         return;
       case Program::Kind::execute: {
         const auto& registry = CodeletRegistry::builtin();
-        const Codelet* codelet = nullptr;
-        for (const auto& v : graph_.compute_sets().at(p.compute_set()).vertices) {
-          if (!codelet || codelet->name != v.codelet) codelet = &registry.get(v.codelet);
-          for (std::size_t f = 0; f < v.fields.size(); ++f) {
-            const bool output = f < codelet->fields.size() &&
-                                std::find(codelet->outputs.begin(), codelet->outputs.end(),
-                                          codelet->fields[f]) != codelet->outputs.end();
-            for (const auto& t : v.fields[f]) access(t, output);
+        const ComputeSet& cs = graph_.compute_sets().at(p.compute_set());
+        for (const VertexRecord& v : cs.vertices) {
+          const Codelet& codelet = registry.at(v.codelet);
+          for (std::size_t f = 0; f < v.fields; ++f) {
+            const bool output = f < codelet.fields.size() &&
+                                std::find(codelet.outputs.begin(), codelet.outputs.end(),
+                                          codelet.fields[f]) != codelet.outputs.end();
+            for (const FieldRegion& r : cs.field(v, f))
+              access(r.var, r.offset, r.offset + r.elements, output);
           }
         }
         break;
@@ -473,12 +474,11 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
     if (tm.largest.size() > 5) tm.largest.resize(5);
   }
   // Vertex state and code take their share of each tile, as on hardware.
-  std::vector<std::set<std::string>> codelets_on_tile(arch.tiles);
+  std::vector<std::set<std::uint16_t>> codelets_on_tile(arch.tiles);
   for (const auto& cs : graph_.compute_sets())
-    for (const auto& v : cs.vertices) {
-      std::size_t regions = 0;
-      for (const auto& f : v.fields) regions += f.size();
-      memory_.tiles.at(v.tile).vertex_state += regions * arch.vertex_state_bytes_per_region;
+    for (const VertexRecord& v : cs.vertices) {
+      memory_.tiles.at(v.tile).vertex_state +=
+          cs.regions_of(v) * arch.vertex_state_bytes_per_region;
       codelets_on_tile[v.tile].insert(v.codelet);
     }
   for (unsigned t = 0; t < arch.tiles; ++t)

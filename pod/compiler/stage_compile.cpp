@@ -173,8 +173,7 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
   }
   for (const auto& cs : g.compute_sets()) {
     vertices += cs.vertices.size();
-    for (const auto& v : cs.vertices)
-      for (const auto& f : v.fields) regions += f.size();
+    regions += cs.regions.size();
   }
 
   nlohmann::json j = memory_report_json(engine.memory(), arch);
