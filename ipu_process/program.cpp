@@ -36,7 +36,24 @@ Program Program::copy(std::vector<std::pair<Tensor, Tensor>> pairs) {
                                   std::to_string(dst.elements()) + " " + dtype_name(dst.dtype()) +
                                   " elements: sizes or types differ");
   Program p(Kind::copy);
-  p.node_->pairs = std::move(pairs);
+  std::vector<CopyRun>& runs = p.node_->runs;
+  runs.reserve(pairs.size());
+  for (const auto& [src, dst] : pairs) {
+    // Merged only between two variables: within one, a pair may read what the one before
+    // wrote, which one run would not.
+    if (!runs.empty() && src.variable() != dst.variable() && src.elements() > 0) {
+      CopyRun& last = runs.back();
+      if (last.src == src.variable() && last.dst == dst.variable() &&
+          last.src_offset + last.elements == src.offset() &&
+          last.dst_offset + last.elements == dst.offset()) {
+        last.elements += src.elements();
+        continue;
+      }
+    }
+    runs.push_back(
+        {src.offset(), dst.offset(), src.elements(), src.variable(), dst.variable(), src.dtype()});
+  }
+  runs.shrink_to_fit();
   return p;
 }
 

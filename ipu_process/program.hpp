@@ -16,6 +16,14 @@ namespace ipupod::ipu {
 enum class SyncKind : std::uint8_t { internal, external };
 enum class CollectiveOp : std::uint8_t { sum, mean };
 
+// One run of a copy, as a program keeps it: elements [src_offset, src_offset + elements) of
+// variable src to [dst_offset, dst_offset + elements) of variable dst, both of `dtype`.
+struct CopyRun {
+  std::uint64_t src_offset = 0, dst_offset = 0, elements = 0;
+  VariableId src = 0, dst = 0;
+  DType dtype = DType::f32;
+};
+
 // A program is a cheap handle on an immutable tree node: copying one shares the node, and
 // Program::add copies the node first if it is shared (copy on write).
 class Program {
@@ -82,7 +90,9 @@ class Program {
   const void* identity() const { return node_.get(); }
   const std::vector<Program>& children() const { return node_->children; }
   ComputeSetId compute_set() const { return node_->cs; }
-  const std::vector<std::pair<Tensor, Tensor>>& pairs() const { return node_->pairs; }
+  // A copy's tensor pairs as runs of contiguous elements, a pair that continues the run before
+  // it in both source and destination (of two different variables) merged into it.
+  const std::vector<CopyRun>& runs() const { return node_->runs; }
   // A copy's pairs when given as views (copy_views or copy(View, View)), else empty.
   const std::vector<std::pair<View, View>>& view_pairs() const { return node_->view_pairs; }
   const std::vector<View>& views() const { return node_->views; }  // write_undef's view
@@ -100,7 +110,7 @@ class Program {
     Kind kind = Kind::sequence;
     std::vector<Program> children;
     ComputeSetId cs = 0;
-    std::vector<std::pair<Tensor, Tensor>> pairs;
+    std::vector<CopyRun> runs;
     std::vector<std::pair<View, View>> view_pairs;
     std::vector<View> views;
     std::uint64_t count = 0;

@@ -185,8 +185,9 @@ Engine::Node Engine::compile(const Program& p) {
           if (doff == d[di].elements) ++di, doff = 0;
         }
       };
-      for (const auto& [src, dst] : p.pairs())
-        plan(resolve(src), resolve(dst), dtype_size(src.dtype()));
+      for (const CopyRun& r : p.runs())
+        plan(resolve(Tensor(r.src, r.src_offset, {r.elements}, r.dtype)),
+             resolve(Tensor(r.dst, r.dst_offset, {r.elements}, r.dtype)), dtype_size(r.dtype));
       // Views: each element of the source to the same logical element of the destination,
       // piece by piece (a transposed source moves element by element).
       for (const auto& [src, dst] : p.view_pairs())

@@ -240,10 +240,12 @@ class LivenessWalk {
         break;
       }
       case Program::Kind::copy:
-        for (const auto& [src, dst] : p.pairs()) access(src, false);
+        for (const CopyRun& r : p.runs())
+          access(r.src, r.src_offset, r.src_offset + r.elements, false);
         for (const auto& [src, dst] : p.view_pairs())
           for (const auto& r : src.view_regions()) access(r.var, r.begin, r.end, false);
-        for (const auto& [src, dst] : p.pairs()) access(dst, true);
+        for (const CopyRun& r : p.runs())
+          access(r.dst, r.dst_offset, r.dst_offset + r.elements, true);
         for (const auto& [src, dst] : p.view_pairs())
           for (const auto& r : dst.view_regions()) access(r.var, r.begin, r.end, true);
         break;
