@@ -18,7 +18,7 @@ namespace ipupod::ipu {
 // One connected region as the vertex sees it: a contiguous run of its tile's memory.
 struct Region {
   std::byte* data = nullptr;
-  std::size_t elements = 0;
+  std::uint32_t elements = 0;  // a region lies on one tile: far below 2^32 elements
   DType dtype = DType::f32;
 };
 

@@ -492,6 +492,17 @@ unsigned Graph::tile_of(const Tensor& t) const {
   return *tiles.begin();
 }
 
+void Graph::shrink_to_fit() {
+  for (ComputeSet& cs : compute_sets_) {
+    cs.vertices.shrink_to_fit();
+    cs.field_ends.shrink_to_fit();
+    cs.regions.shrink_to_fit();
+    cs.params.shrink_to_fit();
+  }
+  compute_sets_.shrink_to_fit();
+  variables_.shrink_to_fit();
+}
+
 ComputeSetId Graph::add_compute_set(std::string name) {
   compute_sets_.push_back({std::move(name), {}, {}, {}, {}});
   return static_cast<ComputeSetId>(compute_sets_.size() - 1);

@@ -209,6 +209,8 @@ class Graph {
   unsigned tile_of(const Tensor& t) const;
 
   ComputeSetId add_compute_set(std::string name);
+  // Gives back what the compute sets' tables reserved for growth (call when lowering is done).
+  void shrink_to_fit();
   // Checks the vertex against its codelet (known, its field count, every region of one
   // variable's dtype), estimates its cycles and packs it; std::invalid_argument or
   // std::logic_error naming the vertex otherwise.

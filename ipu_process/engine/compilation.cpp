@@ -97,13 +97,17 @@ Engine::Node Engine::compile(const Program& p) {
         break;
       }
       auto ccs = std::make_unique<CompiledComputeSet>();
+      ccs->regions.reserve(cs.regions.size());
+      ccs->fields.reserve(cs.field_ends.size());
+      ccs->vertices.reserve(cs.vertices.size());
       const auto& registry = CodeletRegistry::builtin();
       std::map<unsigned, std::vector<std::uint64_t>> worker_loads;
       std::size_t vi = 0, fields_so_far = 0;
       for (const VertexRecord& v : cs.vertices) {
         const Codelet& codelet = registry.at(v.codelet);
-        CompiledComputeSet::VertexRuntime rt{&codelet,           v.tile,  fields_so_far, v.fields,
-                                             ccs->params.size(), v.params};
+        CompiledComputeSet::VertexRuntime rt{
+            &codelet,      v.tile,   static_cast<std::uint32_t>(fields_so_far),
+            v.first_param, v.fields, v.params};
         for (std::size_t f = 0; f < v.fields; ++f) {
           for (const FieldRegion& field_region : cs.field(v, f)) {
             const Tensor region = graph_.tensor(field_region);
@@ -123,14 +127,13 @@ Engine::Node Engine::compile(const Program& p) {
                                      " is not contiguous in tile memory; split it into regions");
             ccs->regions.push_back(pieces.empty()
                                        ? Region{nullptr, 0, region.dtype()}
-                                       : Region{pieces[0].data, region.elements(), region.dtype()});
+                                       : Region{pieces[0].data,
+                                                static_cast<std::uint32_t>(region.elements()),
+                                                region.dtype()});
             rt.widens_float16 = rt.widens_float16 ||
                                 (region.dtype() == DType::f16 && !codelet.reads_float16_storage);
-            ccs->region_bytes.push_back(region.elements() * dtype_size(region.dtype()));
           }
         }
-        const auto params = cs.vertex_params(v);
-        ccs->params.insert(ccs->params.end(), params.begin(), params.end());
         ccs->vertices.push_back(rt);
         fields_so_far += v.fields;
         // Greedy: each vertex goes to the least-loaded of the tile's worker contexts.
@@ -139,6 +142,7 @@ Engine::Node Engine::compile(const Program& p) {
         *std::min_element(loads.begin(), loads.end()) += v.cycles;
         ++vi;
       }
+      ccs->params = cs.params;
       // Spans into the region table are made once it has stopped growing.
       std::size_t cursor = 0;
       for (const VertexRecord& v : cs.vertices)
@@ -279,7 +283,7 @@ void Engine::fuse_exchanges(Node& sequence) const {
     // transfer to a later tile still has to read: no vertex region may overlap a source.
     ByteRanges touched;
     for (std::size_t r = 0; r < cs.regions.size(); ++r)
-      touched.add(cs.regions[r].data, cs.region_bytes[r]);
+      touched.add(cs.regions[r].data, cs.region_bytes(r));
     touched.seal();
     if (std::any_of(ex.transfers.begin(), ex.transfers.end(),
                     [&](const auto& tr) { return touched.overlaps(tr.src, tr.bytes); }))
@@ -371,7 +375,7 @@ void Engine::chain_tile_steps(Node& sequence) const {
           break;
         bool clash = false;
         for (std::size_t r = 0; r < cs.regions.size() && !clash; ++r)
-          clash = read.overlaps(cs.regions[r].data, cs.region_bytes[r]);
+          clash = read.overlaps(cs.regions[r].data, cs.region_bytes(r));
         if (clash) break;
         groups = std::move(joined);
         for (const auto& tr : ex.transfers) read.add(tr.src, tr.bytes);

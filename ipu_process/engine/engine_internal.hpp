@@ -17,15 +17,21 @@ namespace ipupod::ipu {
 struct Engine::CompiledComputeSet {
   struct VertexRuntime {
     const Codelet* codelet;
-    unsigned tile;
-    std::size_t field_begin, field_count, param_begin, param_count;
+    std::uint32_t tile;
+    std::uint32_t field_begin;  // into fields
+    std::uint32_t param_begin;  // into params
+    std::uint16_t field_count, param_count;
     bool widens_float16 = false;  // has float16 regions and sees them as float32
   };
   std::vector<Region> regions;
-  std::vector<std::size_t> region_bytes;  // of each region
   std::vector<std::span<const Region>> fields;
-  std::vector<double> params;
+  // The graph's parameter table of the compute set (the graph outlives the engine): not copied.
+  std::span<const double> params;
   std::vector<VertexRuntime> vertices;
+
+  std::size_t region_bytes(std::size_t r) const {
+    return regions[r].elements * dtype_size(regions[r].dtype);
+  }
   // The vertices of tile t are by_tile[tile_begin[t] .. tile_begin[t + 1]), in graph order.
   std::vector<std::size_t> tile_begin, by_tile;
   std::uint64_t cycles = 0;  // max over tiles of the busiest worker

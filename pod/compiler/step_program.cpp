@@ -255,6 +255,7 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   out.programs["train"] = ipu::Program::repeat(shape.device_iterations, step);
 
   add_eval_program(model, shape, eval_model, transfers, forward, device_loss, out, lowering);
+  out.graph->shrink_to_fit();
   return out;
 }
 
