@@ -122,7 +122,7 @@ struct TileInterval {
 struct Variable {
   std::string name;
   DType dtype = DType::f32;
-  std::vector<std::size_t> shape;
+  Shape shape;  // inline: a full-size graph has millions of variables
   std::size_t elements = 0;
   MemoryCategory category = MemoryCategory::activation;
   bool host_access = false;           // read or written by the host: live for the whole run
