@@ -50,7 +50,7 @@ host::FrameView micro_batch_frame(StreamId id, std::uint64_t step, const host::A
 
 // Per IPU rank: the peak resident memory of the emulator's process beside the tile memory it
 // emulates (from the memory reports; later stages' within their replica's first).
-nlohmann::json host_memory_of_ranks(const nlohmann::json& memory, std::size_t stages) {
+nlohmann::json host_memory_of_ranks(const nlohmann::json& memory) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& replica : memory) {
     const std::size_t first_ipu = replica.at("ipu");
@@ -61,7 +61,7 @@ nlohmann::json host_memory_of_ranks(const nlohmann::json& memory, std::size_t st
                      {"tile_bytes", r.at("total_bytes")}});
     };
     add(replica);
-    if (stages > 1 && replica.contains("later_stages"))
+    if (replica.contains("later_stages"))
       for (const auto& later : replica.at("later_stages")) add(later);
   }
   return out;
@@ -446,7 +446,7 @@ void HostRole::write_run_files(const FinalReports& reports) {
                             {"replica_weight_checksums", reports.checksums},
                             {"replica_weights_identical", reports.identical}};
   for (const auto& [name, value] : last.scores) summary[name] = value;
-  summary["ipu_ranks_host_memory"] = host_memory_of_ranks(reports.memory, c_.stages);
+  summary["ipu_ranks_host_memory"] = host_memory_of_ranks(reports.memory);
   write_file_atomically(c_.run_dir, "summary.json", summary.dump(2) + "\n");
   write_file_atomically(c_.run_dir, "metrics.csv", csv_.str());
   write_file_atomically(c_.run_dir, "memory.json", reports.memory.dump(1) + "\n");

@@ -324,7 +324,8 @@ TEST(Liveness, DisjointTemporariesShareBytes) {
     Tensor a = ops::relu(g, p, x, "a");
     Tensor b = ops::relu(g, p, a, "b");
     Tensor c = ops::relu(g, p, x, "c");
-    [[maybe_unused]] Tensor d = second_chain_reuses ? ops::relu(g, p, c, "d") : ops::add(g, p, b, c, "d");
+    [[maybe_unused]] Tensor d =
+        second_chain_reuses ? ops::relu(g, p, c, "d") : ops::add(g, p, b, c, "d");
     Engine e(g, {{"p", p}});
     return e.memory().tiles[0];
   };
