@@ -189,7 +189,9 @@ class Engine {
 
   TileMemoryBlock tile_memory_;
   std::vector<std::byte*> arenas_;  // each tile's memory in tile_memory_, sized to its use
-  std::vector<std::vector<std::size_t>> interval_offsets_;  // per variable, per mapping interval
+  // The tile offset of mapping interval k of variable v: interval_offsets_[begin[v] + k].
+  std::vector<std::size_t> interval_offset_begin_;
+  std::vector<std::uint32_t> interval_offsets_;
   std::vector<std::unique_ptr<CompiledComputeSet>> compute_sets_;
   std::vector<std::unique_ptr<CompiledExchange>> exchanges_;
   // A compute set or a copy program that runs in several places (a micro-batch's passes in

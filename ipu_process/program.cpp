@@ -1,9 +1,51 @@
 // Program tree constructors.
 #include "ipu_process/program.hpp"
 
+#include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 
 namespace ipupod::ipu {
+
+namespace {
+// Appends the copy of n elements from (src, s) to (dst, d) to the runs, merged into the last
+// run when it continues it: its single row grows, or it is the next row at the same strides
+// (the destination's rows never overlapping). Only between two different variables: within
+// one, a pair may read what the one before wrote, which one run would not.
+void add_copy_run(std::vector<CopyRun>& runs, VariableId src, std::uint64_t s, VariableId dst,
+                  std::uint64_t d, std::size_t n, DType dtype) {
+  if (!runs.empty() && src != dst) {
+    CopyRun& last = runs.back();
+    if (last.src == src && last.dst == dst) {
+      if (last.rows == 1 && last.src_offset + last.elements == s &&
+          last.dst_offset + last.elements == d && last.elements + n <= UINT32_MAX) {
+        last.elements += static_cast<std::uint32_t>(n);
+        return;
+      }
+      const auto fits = [](std::uint64_t stride) { return stride <= UINT32_MAX; };
+      if (n == last.elements && last.rows == 1 && s >= last.src_offset &&
+          d >= last.dst_offset + n && fits(s - last.src_offset) && fits(d - last.dst_offset)) {
+        last.src_stride = static_cast<std::uint32_t>(s - last.src_offset);
+        last.dst_stride = static_cast<std::uint32_t>(d - last.dst_offset);
+        last.rows = 2;
+        return;
+      }
+      if (n == last.elements && last.rows > 1 && last.rows < UINT32_MAX &&
+          s == last.src_offset + std::uint64_t{last.rows} * last.src_stride &&
+          d == last.dst_offset + std::uint64_t{last.rows} * last.dst_stride) {
+        ++last.rows;
+        return;
+      }
+    }
+  }
+  runs.push_back({.src_offset = s,
+                  .dst_offset = d,
+                  .elements = static_cast<std::uint32_t>(n),
+                  .src = src,
+                  .dst = dst,
+                  .dtype = dtype});
+}
+}  // namespace
 
 Program::Program() : Program(Kind::sequence) {}
 
@@ -37,22 +79,14 @@ Program Program::copy(std::vector<std::pair<Tensor, Tensor>> pairs) {
                                   " elements: sizes or types differ");
   Program p(Kind::copy);
   std::vector<CopyRun>& runs = p.node_->runs;
-  runs.reserve(pairs.size());
-  for (const auto& [src, dst] : pairs) {
-    // Merged only between two variables: within one, a pair may read what the one before
-    // wrote, which one run would not.
-    if (!runs.empty() && src.variable() != dst.variable() && src.elements() > 0) {
-      CopyRun& last = runs.back();
-      if (last.src == src.variable() && last.dst == dst.variable() &&
-          last.src_offset + last.elements == src.offset() &&
-          last.dst_offset + last.elements == dst.offset()) {
-        last.elements += src.elements();
-        continue;
-      }
+  for (const auto& [src, dst] : pairs)
+    for (std::size_t done = 0; done < src.elements();) {
+      // A run's row holds at most 2^32 - 1 elements: a longer pair becomes several rows.
+      const std::size_t n = std::min<std::size_t>(src.elements() - done, UINT32_MAX);
+      add_copy_run(runs, src.variable(), src.offset() + done, dst.variable(), dst.offset() + done,
+                   n, src.dtype());
+      done += n;
     }
-    runs.push_back(
-        {src.offset(), dst.offset(), src.elements(), src.variable(), dst.variable(), src.dtype()});
-  }
   runs.shrink_to_fit();
   return p;
 }

@@ -16,10 +16,13 @@ namespace ipupod::ipu {
 enum class SyncKind : std::uint8_t { internal, external };
 enum class CollectiveOp : std::uint8_t { sum, mean };
 
-// One run of a copy, as a program keeps it: elements [src_offset, src_offset + elements) of
-// variable src to [dst_offset, dst_offset + elements) of variable dst, both of `dtype`.
+// One run of a copy, as a program keeps it: `rows` rows of `elements` elements of `dtype`, row r
+// from element src_offset + r * src_stride of variable src to dst_offset + r * dst_stride of
+// variable dst, rows in order (a block of channel planes, a tile's share of a matrix: one run).
 struct CopyRun {
-  std::uint64_t src_offset = 0, dst_offset = 0, elements = 0;
+  std::uint64_t src_offset = 0, dst_offset = 0;
+  std::uint32_t elements = 0, rows = 1;
+  std::uint32_t src_stride = 0, dst_stride = 0;  // elements from one row's start to the next's
   VariableId src = 0, dst = 0;
   DType dtype = DType::f32;
 };
@@ -90,8 +93,8 @@ class Program {
   const void* identity() const { return node_.get(); }
   const std::vector<Program>& children() const { return node_->children; }
   ComputeSetId compute_set() const { return node_->cs; }
-  // A copy's tensor pairs as runs of contiguous elements, a pair that continues the run before
-  // it in both source and destination (of two different variables) merged into it.
+  // A copy's tensor pairs as runs (between two different variables, a pair that continues the
+  // run before it, or repeats its shape at the same strides, is merged into it).
   const std::vector<CopyRun>& runs() const { return node_->runs; }
   // A copy's pairs when given as views (copy_views or copy(View, View)), else empty.
   const std::vector<std::pair<View, View>>& view_pairs() const { return node_->view_pairs; }

@@ -171,18 +171,51 @@ Engine::Node Engine::compile(const Program& p) {
         break;
       }
       auto ex = std::make_unique<CompiledExchange>();
-      std::map<unsigned, std::size_t> bytes_out, bytes_in;
-      std::vector<unsigned> dst_tiles;
-      const auto plan = [&](const std::vector<Piece>& s, const std::vector<Piece>& d,
-                            std::size_t esize) {
+      std::vector<std::size_t> bytes_out(arch.tiles, 0), bytes_in(arch.tiles, 0);
+      std::vector<unsigned> dst_tiles;  // of each transfer
+      unsigned last_src_tile = 0;
+      // One row of bytes from tile s to tile d: the next row of the last transfer when it comes
+      // from and goes to the same tiles at the same strides, else a new transfer.
+      const auto emit = [&](unsigned s, const std::byte* src, unsigned d, std::byte* dst,
+                            std::size_t bytes) {
+        bytes_out[s] += bytes;
+        bytes_in[d] += bytes;
+        if (src == nullptr || dst == nullptr) return;  // out of memory: no tile memory to move
+        if (!ex->transfers.empty() && last_src_tile == s && dst_tiles.back() == d) {
+          auto& last = ex->transfers.back();
+          const auto fits = [](std::ptrdiff_t stride) {
+            return stride >= 0 && static_cast<std::uint64_t>(stride) <= UINT32_MAX;
+          };
+          if (last.bytes == bytes && last.count == 1 && fits(src - last.src) &&
+              fits(dst - last.dst) && dst - last.dst >= static_cast<std::ptrdiff_t>(bytes)) {
+            last.src_stride = static_cast<std::uint32_t>(src - last.src);
+            last.dst_stride = static_cast<std::uint32_t>(dst - last.dst);
+            last.count = 2;
+            return;
+          }
+          if (last.bytes == bytes && last.count > 1 && last.count < UINT32_MAX &&
+              src == last.src + std::size_t{last.count} * last.src_stride &&
+              dst == last.dst + std::size_t{last.count} * last.dst_stride) {
+            ++last.count;
+            return;
+          }
+        }
+        ex->transfers.push_back({src, dst, static_cast<std::uint32_t>(bytes), 1, 0, 0});
+        dst_tiles.push_back(d);
+        last_src_tile = s;
+      };
+      std::vector<Piece> s, d;
+      const auto plan = [&](std::size_t esize) {
         std::size_t si = 0, di = 0, soff = 0, doff = 0;
         while (si < s.size() && di < d.size()) {
           const std::size_t n = std::min(s[si].elements - soff, d[di].elements - doff);
-          ex->transfers.push_back(
-              {s[si].data + soff * esize, d[di].data + doff * esize, n * esize});
-          dst_tiles.push_back(d[di].tile);
-          bytes_out[s[si].tile] += n * esize;
-          bytes_in[d[di].tile] += n * esize;
+          // A row of a transfer holds at most 2^32 - 1 bytes.
+          for (std::size_t done = 0; done < n;) {
+            const std::size_t m = std::min<std::size_t>(n - done, UINT32_MAX / esize);
+            emit(s[si].tile, s[si].data + (soff + done) * esize, d[di].tile,
+                 d[di].data + (doff + done) * esize, m * esize);
+            done += m;
+          }
           soff += n;
           doff += n;
           if (soff == s[si].elements) ++si, soff = 0;
@@ -190,25 +223,36 @@ Engine::Node Engine::compile(const Program& p) {
         }
       };
       for (const CopyRun& r : p.runs())
-        plan(resolve(Tensor(r.src, r.src_offset, {r.elements}, r.dtype)),
-             resolve(Tensor(r.dst, r.dst_offset, {r.elements}, r.dtype)), dtype_size(r.dtype));
+        for (std::uint64_t row = 0; row < r.rows; ++row) {
+          s.clear();
+          d.clear();
+          resolve_into(r.src, r.src_offset + row * r.src_stride,
+                       r.src_offset + row * r.src_stride + r.elements, s);
+          resolve_into(r.dst, r.dst_offset + row * r.dst_stride,
+                       r.dst_offset + row * r.dst_stride + r.elements, d);
+          plan(dtype_size(r.dtype));
+        }
       // Views: each element of the source to the same logical element of the destination,
       // piece by piece (a transposed source moves element by element).
-      for (const auto& [src, dst] : p.view_pairs())
-        plan(resolve(src), resolve(dst), dtype_size(src.dtype()));
-      std::size_t worst = 0;
-      for (auto& [t, b] : bytes_out) worst = std::max(worst, b);
-      for (auto& [t, b] : bytes_in) worst = std::max(worst, b);
+      for (const auto& [src, dst] : p.view_pairs()) {
+        s = resolve(src);
+        d = resolve(dst);
+        plan(dtype_size(src.dtype()));
+      }
+      ex->transfers.shrink_to_fit();
+      const std::size_t worst = std::max(*std::max_element(bytes_out.begin(), bytes_out.end()),
+                                         *std::max_element(bytes_in.begin(), bytes_in.end()));
       ex->cycles = arch.exchange_latency_cycles +
                    static_cast<std::uint64_t>(std::ceil(static_cast<double>(worst) /
                                                         arch.exchange_bytes_per_cycle_per_tile));
       // On hardware every tile's receives happen at once; here the transfers may run grouped
       // by destination tile unless one reads what another writes (then program order decides).
+      // A transfer of several rows counts as reading and writing all its span.
       ByteRanges written;
-      for (const auto& tr : ex->transfers) written.add(tr.dst, tr.bytes);
+      for (const auto& tr : ex->transfers) written.add(tr.dst, tr.dst_span());
       written.seal();
       if (std::none_of(ex->transfers.begin(), ex->transfers.end(),
-                       [&](const auto& tr) { return written.overlaps(tr.src, tr.bytes); })) {
+                       [&](const auto& tr) { return written.overlaps(tr.src, tr.src_span()); })) {
         std::vector<std::size_t> order;
         ex->tile_begin = group_by(dst_tiles, arch.tiles, order);
         if (!std::is_sorted(dst_tiles.begin(), dst_tiles.end())) {  // else already grouped
@@ -286,7 +330,7 @@ void Engine::fuse_exchanges(Node& sequence) const {
       touched.add(cs.regions[r].data, cs.region_bytes(r));
     touched.seal();
     if (std::any_of(ex.transfers.begin(), ex.transfers.end(),
-                    [&](const auto& tr) { return touched.overlaps(tr.src, tr.bytes); }))
+                    [&](const auto& tr) { return touched.overlaps(tr.src, tr.src_span()); }))
       continue;
     steps[i + 1].exchange = steps[i].index;
     steps[i].kind = Program::Kind::sequence;  // now empty: dropped below
@@ -364,21 +408,21 @@ void Engine::chain_tile_steps(Node& sequence) const {
         if (joined.largest() > max_group) break;
         if (j == i + 1) {
           for (const auto& tr : exchanges_[*steps[i].exchange]->transfers)
-            read.add(tr.src, tr.bytes);
+            read.add(tr.src, tr.src_span());
           read.seal();
         }
         // A group runs all its steps before the next group starts, so no later step may write
         // what an earlier exchange still reads for another group (vertex regions count as
         // written: a codelet does not say which of its fields it changes).
         if (std::any_of(ex.transfers.begin(), ex.transfers.end(),
-                        [&](const auto& tr) { return read.overlaps(tr.dst, tr.bytes); }))
+                        [&](const auto& tr) { return read.overlaps(tr.dst, tr.dst_span()); }))
           break;
         bool clash = false;
         for (std::size_t r = 0; r < cs.regions.size() && !clash; ++r)
           clash = read.overlaps(cs.regions[r].data, cs.region_bytes(r));
         if (clash) break;
         groups = std::move(joined);
-        for (const auto& tr : ex.transfers) read.add(tr.src, tr.bytes);
+        for (const auto& tr : ex.transfers) read.add(tr.src, tr.src_span());
         read.seal();
       }
       if (j - i >= 2) {

@@ -123,10 +123,32 @@ struct Engine::CompiledComputeSet {
 };
 
 struct Engine::CompiledExchange {
+  // `count` rows of `bytes` bytes from one tile to one tile, row r from src + r * src_stride to
+  // dst + r * dst_stride, in order (the rows of a tile's block of channel planes: one record).
   struct Transfer {
     const std::byte* src;
     std::byte* dst;
-    std::size_t bytes;
+    std::uint32_t bytes, count;
+    std::uint32_t src_stride, dst_stride;
+    // The bytes from the first row's start to the last row's end (what a check must assume the
+    // transfer reads or writes).
+    std::size_t src_span() const { return span(src_stride); }
+    std::size_t dst_span() const { return span(dst_stride); }
+    void run() const {  // may read what an earlier row wrote
+      for (std::uint32_t r = 0; r < count; ++r)
+        std::memmove(dst + std::size_t{r} * dst_stride, src + std::size_t{r} * src_stride, bytes);
+    }
+    void run_disjoint() const {  // reads nothing any transfer writes
+      if (count == 1 || (src_stride == bytes && dst_stride == bytes)) {
+        std::memcpy(dst, src, std::size_t{count} * bytes);
+        return;
+      }
+      for (std::uint32_t r = 0; r < count; ++r)
+        std::memcpy(dst + std::size_t{r} * dst_stride, src + std::size_t{r} * src_stride, bytes);
+    }
+
+   private:
+    std::size_t span(std::uint32_t stride) const { return std::size_t{count - 1} * stride + bytes; }
   };
   // When no transfer reads bytes that a transfer writes, the transfers are grouped by
   // destination tile (program order within a tile): those of tile t are

@@ -240,12 +240,18 @@ class LivenessWalk {
         break;
       }
       case Program::Kind::copy:
-        for (const CopyRun& r : p.runs())
+        for (const CopyRun& r : p.runs())  // a read is a read, whichever elements
           access(r.src, r.src_offset, r.src_offset + r.elements, false);
         for (const auto& [src, dst] : p.view_pairs())
           for (const auto& r : src.view_regions()) access(r.var, r.begin, r.end, false);
-        for (const CopyRun& r : p.runs())
-          access(r.dst, r.dst_offset, r.dst_offset + r.elements, true);
+        for (const CopyRun& r : p.runs()) {
+          if (r.rows == 1 || r.dst_stride == r.elements) {  // one range of the destination
+            access(r.dst, r.dst_offset, r.dst_offset + std::uint64_t{r.rows} * r.elements, true);
+            continue;
+          }
+          for (std::uint64_t row = 0, at = r.dst_offset; row < r.rows; ++row, at += r.dst_stride)
+            access(r.dst, at, at + r.elements, true);
+        }
         for (const auto& [src, dst] : p.view_pairs())
           for (const auto& r : dst.view_regions()) access(r.var, r.begin, r.end, true);
         break;
@@ -385,27 +391,53 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
     int index = 0;
     for (const auto& [name, program] : programs) walk.walk_program(program, index++);
   }
+  // A variable's elements on one tile take one block of its memory (as Poplar lays out a
+  // variable's tile elements contiguously), each mapping interval from an aligned offset, so
+  // that the rows of a block (channel planes) lie at regular strides.
   struct Item {
     VariableId var;
-    std::size_t interval, bytes;
+    std::uint32_t first, last;  // its intervals on this tile are among mapping[first..last]
+    std::size_t bytes = 0;      // of its elements
+    std::size_t block = 0;      // of tile memory, with each interval's alignment
   };
   std::vector<std::vector<Item>> per_tile(arch.tiles);
+  interval_offset_begin_.assign(vars.size() + 1, 0);
   for (VariableId id = 0; id < vars.size(); ++id) {
     const Variable& v = vars[id];
     if (always_live(v.category) || v.host_access || ranges[id].program < 0)
       ranges[id].whole_run = true;
     std::size_t mapped = 0;
-    for (std::size_t k = 0; k < v.mapping.size(); ++k) {
+    for (std::uint32_t k = 0; k < v.mapping.size(); ++k) {
       const auto& iv = v.mapping[k];
-      per_tile[iv.tile].push_back({id, k, (iv.end - iv.begin) * dtype_size(v.dtype)});
+      const std::size_t bytes = (iv.end - iv.begin) * dtype_size(v.dtype);
+      auto& items = per_tile[iv.tile];
+      if (items.empty() || items.back().var != id) items.push_back({id, k, k});
+      items.back().last = k;
+      items.back().bytes += bytes;
+      items.back().block += align_up(bytes);
       mapped += iv.end - iv.begin;
     }
     if (mapped != v.elements)
       throw std::logic_error(
           "variable '" + v.name + "' has " + std::to_string(v.elements - mapped) + " of its " +
           std::to_string(v.elements) + " elements unmapped; every element needs a tile");
-    interval_offsets_.emplace_back(v.mapping.size(), 0);
+    interval_offset_begin_[id + 1] = interval_offset_begin_[id] + v.mapping.size();
   }
+  interval_offsets_.assign(interval_offset_begin_.back(), 0);
+  // The offsets of an item's intervals once its block is at `offset` of tile t.
+  const auto place_intervals = [&](const Item& it, unsigned t, std::size_t offset) {
+    const Variable& v = vars[it.var];
+    for (std::uint32_t k = it.first; k <= it.last; ++k) {
+      const TileInterval& iv = v.mapping[k];
+      if (iv.tile != t) continue;
+      if (offset > UINT32_MAX)
+        throw std::length_error("tile " + std::to_string(t) +
+                                " would need more than 4 GiB of memory: the model is far too "
+                                "large for one IPU");
+      interval_offsets_[interval_offset_begin_[it.var] + k] = static_cast<std::uint32_t>(offset);
+      offset += align_up((iv.end - iv.begin) * dtype_size(v.dtype));
+    }
+  };
 
   // Per tile: always-live data at the bottom, then the rest in the order it comes to life, each
   // at the lowest free offset, its bytes free again after its last step (a linear scan over
@@ -421,8 +453,8 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
       var_bytes[it.var] += it.bytes;
       tm.by_category[v.category] += it.bytes;
       if (!always_live(v.category)) continue;
-      interval_offsets_[it.var][it.interval] = align_up(top);
-      top = align_up(top) + it.bytes;
+      place_intervals(it, t, align_up(top));
+      top = align_up(top) + it.block;
       tm.always_live += it.bytes;
     }
     const std::size_t floor = align_up(top);
@@ -445,10 +477,10 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
     for (std::uint32_t k = 0; k < rest.size(); ++k) {
       const Item* it = rest[k];
       const LiveRange& range = ranges[it->var];
-      const std::size_t offset = layout.place(range, align_up(it->bytes));
-      interval_offsets_[it->var][it->interval] = offset;
+      const std::size_t offset = layout.place(range, it->block);
+      place_intervals(*it, t, offset);
       placed.push_back({offset, it->bytes, &range});
-      high = std::max(high, offset + it->bytes);
+      high = std::max(high, offset + it->block);
     }
     tm.not_always_live = rest.empty() ? 0 : high - top;
     // Peak of simultaneously live bytes, to tell sharing apart from fragmentation.
@@ -578,9 +610,11 @@ void Engine::resolve_into(VariableId var, std::size_t b, std::size_t e,
     const std::size_t k = static_cast<std::size_t>(it - m.begin());
     const std::size_t lo = std::max(it->begin, b), hi = std::min(it->end, e);
     std::byte* base = arenas_[it->tile];
-    out.push_back({it->tile,
-                   base ? base + interval_offsets_[var][k] + (lo - it->begin) * esize : nullptr,
-                   hi - lo});
+    out.push_back(
+        {it->tile,
+         base ? base + interval_offsets_[interval_offset_begin_[var] + k] + (lo - it->begin) * esize
+              : nullptr,
+         hi - lo});
   }
 }
 

@@ -142,6 +142,55 @@ TEST(Exchange, ATransferReadingWhatAnotherWritesKeepsProgramOrder) {
   }
 }
 
+// A block of channel planes copied row by row (as a convolution brings its input rows to a
+// tile) is one strided run and, per source tile, one strided transfer; the bytes arrive where
+// the pairs say, the transposed view moves element by element, and the exchange costs what
+// the bytes per tile cost.
+TEST(Exchange, StridedBlocksOfRowsMoveAsThePairsSay) {
+  for (unsigned threads : {1u, 2u}) {
+    Graph g(tiny());
+    constexpr std::size_t kC = 6, kH = 8, kW = 5;
+    Tensor x = g.add_variable(DType::f32, {kC, kH, kW}, "x");
+    Tensor xl = g.add_variable(DType::f32, {kC, 4, kW}, "xl");
+    Tensor t = g.add_variable(DType::f32, {kW, kC}, "t");
+    for (std::size_t c = 0; c < kC; ++c)  // channels 0-2 on tiles 0 and 1, 3-5 on tiles 2 and 3
+      for (std::size_t half = 0; half < 2; ++half)
+        g.set_tile_mapping(x.row(c).rows(4 * half, 4 * half + 4),
+                           static_cast<unsigned>(2 * (c / 3) + half));
+    g.set_tile_mapping(xl, 4);
+    g.set_tile_mapping(t, 5);
+    for (const Tensor& v : {x, xl, t}) g.set_host_access(v);
+    std::vector<std::pair<Tensor, Tensor>> pairs;
+    for (std::size_t c = 0; c < kC; ++c)
+      pairs.emplace_back(x.row(c).rows(2, 6).flatten(), xl.row(c).flatten());
+    const Program block = Program::copy(std::move(pairs));
+    ASSERT_EQ(block.runs().size(), 1u);
+    EXPECT_EQ(block.runs()[0].rows, kC);
+    // Row 3 of every channel, transposed: t[w][c] = x[c][3][w].
+    const Program transposed = Program::copy(View(x).index(3, 1).transpose(), View(t));
+    Engine e(g, {{"block", block}, {"transposed", transposed}}, {.threads = threads});
+    const auto values = ramp(kC * kH * kW, 1);
+    e.write(x, std::as_bytes(std::span<const float>(values)));
+    e.run("block");
+    const auto got = floats(e, xl);
+    for (std::size_t c = 0; c < kC; ++c)
+      for (std::size_t r = 0; r < 4; ++r)
+        for (std::size_t w = 0; w < kW; ++w)
+          ASSERT_EQ(got[(c * 4 + r) * kW + w], values[(c * kH + r + 2) * kW + w])
+              << c << "," << r << "," << w << " with " << threads << " threads";
+    // Tile 4 receives all 6 x 4 x 5 floats.
+    EXPECT_EQ(e.cycles().exchange,
+              tiny().exchange_latency_cycles +
+                  static_cast<std::uint64_t>(std::ceil(kC * 4 * kW * sizeof(float) /
+                                                       tiny().exchange_bytes_per_cycle_per_tile)));
+    e.run("transposed");
+    const auto tr = floats(e, t);
+    for (std::size_t w = 0; w < kW; ++w)
+      for (std::size_t c = 0; c < kC; ++c)
+        ASSERT_EQ(tr[w * kC + c], values[(c * kH + 3) * kW + w]) << threads << " threads";
+  }
+}
+
 // An exchange and the compute set after it run tile by tile when no vertex touches an exchange
 // source; this one changes the source, so the whole exchange must finish first.
 TEST(Exchange, AComputeSetThatChangesAnExchangeSourceRunsAfterTheWholeExchange) {
