@@ -427,6 +427,18 @@ void Graph::set_tile_mapping(const Tensor& t, unsigned tile) {
   }
 }
 
+Tensor Graph::append_piece(VariableId var, std::vector<std::size_t> shape, unsigned tile) {
+  Variable& v = variables_.at(var);
+  if (v.shape.size() != 1)
+    throw std::logic_error("append_piece: '" + v.name + "' is not one-dimensional");
+  const std::size_t offset = v.elements;
+  Tensor piece(var, offset, std::move(shape), v.dtype);
+  v.elements += piece.elements();
+  v.shape = {v.elements};
+  set_tile_mapping(piece, tile);
+  return piece;
+}
+
 void Graph::set_host_access(const Tensor& t) {
   variables_.at(t.variable()).host_access = true;
 }

@@ -195,6 +195,9 @@ class Graph {
   Tensor add_variable(DType dtype, std::vector<std::size_t> shape, std::string name,
                       MemoryCategory category = MemoryCategory::activation);
   void set_tile_mapping(const Tensor& t, unsigned tile);
+  // Grows the one-dimensional variable `var` by a piece of `shape` at its end, mapped to
+  // `tile`, and returns the piece (see ops::TilePieces): tensors of earlier pieces stay valid.
+  Tensor append_piece(VariableId var, std::vector<std::size_t> shape, unsigned tile);
   // Lets the host read and write the tensor's variable between program runs (like Poplar's
   // createHostRead/createHostWrite); such a variable keeps its bytes for the whole run.
   void set_host_access(const Tensor& t);

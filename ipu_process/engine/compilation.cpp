@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <unordered_map>
 
 #include "ipu_process/engine.hpp"
 #include "ipu_process/engine/engine_internal.hpp"
@@ -20,7 +21,11 @@ constexpr unsigned kTilesPerGroupDivisor = 8;
 class ByteRanges {
  public:
   void add(const std::byte* data, std::size_t bytes) {
-    if (data != nullptr && bytes > 0) ranges_.emplace_back(address(data), address(data) + bytes);
+    if (data == nullptr || bytes == 0) return;
+    ranges_.emplace_back(address(data), address(data) + bytes);
+    // Merged as they come once they double, so that millions of adjacent ranges (a compute
+    // set's regions) take the memory of the few they merge into.
+    if (ranges_.size() >= 2 * sealed_ + 4096) seal();
   }
   void seal() {  // sorts (they often come in order) and merges, so that ends increase too
     if (!std::is_sorted(ranges_.begin(), ranges_.end())) std::sort(ranges_.begin(), ranges_.end());
@@ -31,6 +36,7 @@ class ByteRanges {
       else
         ranges_[out++] = r;
     ranges_.resize(out);
+    sealed_ = out;
   }
   bool overlaps(const std::byte* data, std::size_t bytes) const {
     if (data == nullptr || bytes == 0) return false;
@@ -43,6 +49,7 @@ class ByteRanges {
  private:
   static std::uintptr_t address(const std::byte* p) { return reinterpret_cast<std::uintptr_t>(p); }
   std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges_;
+  std::size_t sealed_ = 0;  // ranges after the last seal
 };
 
 // Offsets of each key's run in a stable counting sort of keys in [0, buckets): the items of
@@ -173,39 +180,55 @@ Engine::Node Engine::compile(const Program& p) {
       auto ex = std::make_unique<CompiledExchange>();
       std::vector<std::size_t> bytes_out(arch.tiles, 0), bytes_in(arch.tiles, 0);
       std::vector<unsigned> dst_tiles;  // of each transfer
+      // The transfer each (source tile, destination tile) pair of the current copy run last
+      // made. The rows of one run write disjoint bytes and read none that the run writes (two
+      // different variables, both live), so a row may join its tiles' transfer even if other
+      // transfers came in between; across runs only the last transfer is joined, keeping
+      // program order.
+      std::unordered_map<std::uint64_t, std::size_t> open;
       unsigned last_src_tile = 0;
-      // One row of bytes from tile s to tile d: the next row of the last transfer when it comes
-      // from and goes to the same tiles at the same strides, else a new transfer.
-      const auto emit = [&](unsigned s, const std::byte* src, unsigned d, std::byte* dst,
+      const auto joins = [](CompiledExchange::Transfer& t, const std::byte* src, std::byte* dst,
                             std::size_t bytes) {
+        if (t.bytes != bytes) return false;
+        if (t.count == 1) {
+          const std::ptrdiff_t ds = src - t.src, dd = dst - t.dst;
+          if (ds < 0 || dd < static_cast<std::ptrdiff_t>(bytes) ||
+              static_cast<std::uint64_t>(std::max(ds, dd)) > UINT32_MAX)
+            return false;
+          t.src_stride = static_cast<std::uint32_t>(ds);
+          t.dst_stride = static_cast<std::uint32_t>(dd);
+          t.count = 2;
+          return true;
+        }
+        if (t.count == UINT32_MAX || src != t.src + std::size_t{t.count} * t.src_stride ||
+            dst != t.dst + std::size_t{t.count} * t.dst_stride)
+          return false;
+        ++t.count;
+        return true;
+      };
+      // One row of bytes from tile s to tile d: the next row of a transfer between the same
+      // tiles at the same strides, else a new transfer.
+      const auto emit = [&](unsigned s, const std::byte* src, unsigned d, std::byte* dst,
+                            std::size_t bytes, bool within_run) {
         bytes_out[s] += bytes;
         bytes_in[d] += bytes;
         if (src == nullptr || dst == nullptr) return;  // out of memory: no tile memory to move
-        if (!ex->transfers.empty() && last_src_tile == s && dst_tiles.back() == d) {
-          auto& last = ex->transfers.back();
-          const auto fits = [](std::ptrdiff_t stride) {
-            return stride >= 0 && static_cast<std::uint64_t>(stride) <= UINT32_MAX;
-          };
-          if (last.bytes == bytes && last.count == 1 && fits(src - last.src) &&
-              fits(dst - last.dst) && dst - last.dst >= static_cast<std::ptrdiff_t>(bytes)) {
-            last.src_stride = static_cast<std::uint32_t>(src - last.src);
-            last.dst_stride = static_cast<std::uint32_t>(dst - last.dst);
-            last.count = 2;
+        const std::uint64_t key = std::uint64_t{s} << 32 | d;
+        if (within_run) {
+          if (auto it = open.find(key);
+              it != open.end() && joins(ex->transfers[it->second], src, dst, bytes))
             return;
-          }
-          if (last.bytes == bytes && last.count > 1 && last.count < UINT32_MAX &&
-              src == last.src + std::size_t{last.count} * last.src_stride &&
-              dst == last.dst + std::size_t{last.count} * last.dst_stride) {
-            ++last.count;
-            return;
-          }
+        } else if (!ex->transfers.empty() && last_src_tile == s && dst_tiles.back() == d &&
+                   joins(ex->transfers.back(), src, dst, bytes)) {
+          return;
         }
         ex->transfers.push_back({src, dst, static_cast<std::uint32_t>(bytes), 1, 0, 0});
         dst_tiles.push_back(d);
         last_src_tile = s;
+        if (within_run) open[key] = ex->transfers.size() - 1;
       };
       std::vector<Piece> s, d;
-      const auto plan = [&](std::size_t esize) {
+      const auto plan = [&](std::size_t esize, bool within_run) {
         std::size_t si = 0, di = 0, soff = 0, doff = 0;
         while (si < s.size() && di < d.size()) {
           const std::size_t n = std::min(s[si].elements - soff, d[di].elements - doff);
@@ -213,7 +236,7 @@ Engine::Node Engine::compile(const Program& p) {
           for (std::size_t done = 0; done < n;) {
             const std::size_t m = std::min<std::size_t>(n - done, UINT32_MAX / esize);
             emit(s[si].tile, s[si].data + (soff + done) * esize, d[di].tile,
-                 d[di].data + (doff + done) * esize, m * esize);
+                 d[di].data + (doff + done) * esize, m * esize, within_run);
             done += m;
           }
           soff += n;
@@ -222,7 +245,8 @@ Engine::Node Engine::compile(const Program& p) {
           if (doff == d[di].elements) ++di, doff = 0;
         }
       };
-      for (const CopyRun& r : p.runs())
+      for (const CopyRun& r : p.runs()) {
+        open.clear();
         for (std::uint64_t row = 0; row < r.rows; ++row) {
           s.clear();
           d.clear();
@@ -230,14 +254,16 @@ Engine::Node Engine::compile(const Program& p) {
                        r.src_offset + row * r.src_stride + r.elements, s);
           resolve_into(r.dst, r.dst_offset + row * r.dst_stride,
                        r.dst_offset + row * r.dst_stride + r.elements, d);
-          plan(dtype_size(r.dtype));
+          // The first row keeps program order with the runs before it.
+          plan(dtype_size(r.dtype), row > 0);
         }
+      }
       // Views: each element of the source to the same logical element of the destination,
       // piece by piece (a transposed source moves element by element).
       for (const auto& [src, dst] : p.view_pairs()) {
         s = resolve(src);
         d = resolve(dst);
-        plan(dtype_size(src.dtype()));
+        plan(dtype_size(src.dtype()), false);
       }
       ex->transfers.shrink_to_fit();
       const std::size_t worst = std::max(*std::max_element(bytes_out.begin(), bytes_out.end()),

@@ -501,11 +501,19 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
     for (const auto& [pos, delta] : changes) peak = std::max(peak, live += delta);
     tm.peak_live = std::min(tm.not_always_live, whole + static_cast<std::size_t>(peak));
     used[t] = high;
-    for (const auto& [id, bytes] : var_bytes)
-      tm.largest.push_back({vars[id].name, vars[id].category, bytes});
-    std::sort(tm.largest.begin(), tm.largest.end(),
-              [](auto& a, auto& b) { return a.bytes > b.bytes; });
-    if (tm.largest.size() > 5) tm.largest.resize(5);
+    // The five largest, named (a tile can hold thousands of variables).
+    std::vector<std::pair<std::size_t, VariableId>> by_size;
+    by_size.reserve(var_bytes.size());
+    for (const auto& [id, bytes] : var_bytes) by_size.emplace_back(bytes, id);
+    const std::size_t named = std::min<std::size_t>(by_size.size(), 5);
+    std::partial_sort(by_size.begin(), by_size.begin() + static_cast<std::ptrdiff_t>(named),
+                      by_size.end(), [](auto& a, auto& b) {
+                        return a.first != b.first ? a.first > b.first : a.second < b.second;
+                      });
+    for (std::size_t i = 0; i < named; ++i) {
+      const Variable& v = vars[by_size[i].second];
+      tm.largest.push_back({v.name, v.category, by_size[i].first});
+    }
   }
   // Vertex state and code take their share of each tile, as on hardware.
   std::vector<std::set<std::uint16_t>> codelets_on_tile(arch.tiles);

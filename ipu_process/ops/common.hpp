@@ -5,6 +5,8 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ipu_process/graph.hpp"
 #include "ipu_process/program.hpp"
@@ -16,6 +18,29 @@ namespace ipupod::ipu::ops {
 Tensor clone_like(Graph& graph, const Tensor& like, std::string name,
                   MemoryCategory category = MemoryCategory::activation,
                   std::optional<DType> dtype = std::nullopt);
+// A temporary made of one piece per tile (a convolution's input rows, a matmul's operand
+// blocks) kept as one variable that grows a piece at a time: a full-size model's op makes
+// thousands of such pieces, and one variable costs the host far less than thousands. The
+// tile bytes are the same, and so is the live range when one exchange or compute set writes
+// every piece.
+class TilePieces {
+ public:
+  TilePieces(Graph& graph, DType dtype, std::string name,
+             MemoryCategory category = MemoryCategory::temporary)
+      : graph_(graph), dtype_(dtype), name_(std::move(name)), category_(category) {}
+  Tensor add(unsigned tile, std::vector<std::size_t> shape) {
+    if (!var_) var_ = graph_.add_variable(dtype_, {0}, name_, category_).variable();
+    return graph_.append_piece(*var_, std::move(shape), tile);
+  }
+
+ private:
+  Graph& graph_;
+  DType dtype_;
+  std::string name_;
+  MemoryCategory category_;
+  std::optional<VariableId> var_;
+};
+
 // src itself if it is already laid out like `like`, else a copy of it that is (added to prog).
 Tensor rearrange_like(Graph& graph, Program& prog, const Tensor& src, const Tensor& like,
                       const std::string& name);

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "ipu_process/ops/common.hpp"
 #include "ipu_process/ops/conv.hpp"
 #include "ipu_process/ops/conv_internal.hpp"
 
@@ -97,6 +98,7 @@ Tensor conv2d(Graph& graph, Program& prog, const Tensor& x, const Tensor& w,
   std::vector<std::pair<Tensor, Tensor>> copies;
   const ComputeSetId cs = graph.add_compute_set(name);
   const ConvGeometry geo = d.geometry();
+  TilePieces x_pieces(graph, x.dtype(), name + "/x"), w_pieces(graph, w.dtype(), name + "/w");
   for (std::size_t bb = 0; bb < plan.batch_blocks; ++bb)
     for (std::size_t cb = 0; cb < plan.channel_blocks; ++cb)
       for (std::size_t rb = 0; rb < plan.row_blocks; ++rb) {
@@ -108,13 +110,8 @@ Tensor conv2d(Graph& graph, Program& prog, const Tensor& x, const Tensor& w,
         const unsigned tile = tile_of(bb, cb, rb);
         const auto [c0, c1] = d.input_channels(o0, o1);
         const auto [ir0, ir1] = d.input_rows(r0, r1);
-        const std::string at = "@" + std::to_string(tile);
-        Tensor xl = graph.add_variable(x.dtype(), {b1 - b0, c1 - c0, ir1 - ir0, d.w},
-                                       name + "/x" + at, MemoryCategory::temporary);
-        Tensor wl = graph.add_variable(w.dtype(), {o1 - o0, d.cig, d.kh, d.kw}, name + "/w" + at,
-                                       MemoryCategory::temporary);
-        graph.set_tile_mapping(xl, tile);
-        graph.set_tile_mapping(wl, tile);
+        Tensor xl = x_pieces.add(tile, {b1 - b0, c1 - c0, ir1 - ir0, d.w});
+        Tensor wl = w_pieces.add(tile, {o1 - o0, d.cig, d.kh, d.kw});
         for (std::size_t b = b0; b < b1; ++b)
           add_plane_copies(copies, x, b, c0, c1, ir0, ir1, xl.row(b - b0));
         copies.emplace_back(w.rows(o0, o1).flatten(), wl.flatten());
@@ -166,6 +163,7 @@ Tensor grad_input(Graph& graph, Program& prog, const Tensor& dy, const Tensor& w
   std::vector<std::pair<Tensor, Tensor>> copies;
   const ComputeSetId cs = graph.add_compute_set(name);
   const ConvGeometry geo = d.geometry();
+  TilePieces dy_pieces(graph, dy.dtype(), name + "/dy"), w_pieces(graph, w.dtype(), name + "/w");
   for (std::size_t bb = 0; bb < plan.batch_blocks; ++bb)
     for (std::size_t cb = 0; cb < plan.channel_blocks; ++cb)
       for (std::size_t rb = 0; rb < plan.row_blocks; ++rb) {
@@ -177,9 +175,7 @@ Tensor grad_input(Graph& graph, Program& prog, const Tensor& dy, const Tensor& w
         const unsigned tile = tile_of(bb, cb, rb);
         const auto [q0, q1] = d.output_channels(c0, c1);
         const auto [oy0, oy1] = d.output_rows(r0, r1);
-        const std::string at = "@" + std::to_string(tile);
-        Tensor dyl = graph.add_variable(dy.dtype(), {b1 - b0, q1 - q0, oy1 - oy0, d.ow},
-                                        name + "/dy" + at, MemoryCategory::temporary);
+        Tensor dyl = dy_pieces.add(tile, {b1 - b0, q1 - q0, oy1 - oy0, d.ow});
         // Weights grouped by group: for each group the block touches, [cog, its channels, taps].
         const std::size_t g0 = c0 / d.cig, g1 = (c1 - 1) / d.cig + 1;
         std::vector<std::size_t> group_offset(g1 - g0 + 1, 0);
@@ -187,10 +183,7 @@ Tensor grad_input(Graph& graph, Program& prog, const Tensor& dy, const Tensor& w
           const std::size_t l0 = std::max(c0, gr * d.cig), l1 = std::min(c1, (gr + 1) * d.cig);
           group_offset[gr - g0 + 1] = group_offset[gr - g0] + d.cog * (l1 - l0) * d.taps;
         }
-        Tensor wl = graph.add_variable(w.dtype(), {group_offset.back()}, name + "/w" + at,
-                                       MemoryCategory::temporary);
-        graph.set_tile_mapping(dyl, tile);
-        graph.set_tile_mapping(wl, tile);
+        Tensor wl = w_pieces.add(tile, {group_offset.back()});
         for (std::size_t b = b0; b < b1; ++b)
           add_plane_copies(copies, dy, b, q0, q1, oy0, oy1, dyl.row(b - b0));
         for (std::size_t gr = g0; gr < g1; ++gr) {
@@ -278,6 +271,8 @@ Tensor conv2d_grad_weight(Graph& graph, Program& prog, const Tensor& dy, const T
   const std::size_t workers = graph.arch().workers_per_tile;
   // partials[cb][p]: the weight-gradient block of part p (dw itself when there is one part).
   std::vector<std::vector<Tensor>> partials(plan.channel_blocks);
+  TilePieces part_pieces(graph, DType::f32, name + "/partial"),
+      x_pieces(graph, x.dtype(), name + "/x"), dy_pieces(graph, dy.dtype(), name + "/dy");
   for (std::size_t cb = 0; cb < plan.channel_blocks; ++cb) {
     const std::size_t o0 = cb * plan.channel_block, o1 = std::min(d.co, o0 + plan.channel_block);
     if (o0 >= o1) continue;
@@ -287,29 +282,21 @@ Tensor conv2d_grad_weight(Graph& graph, Program& prog, const Tensor& dy, const T
       for (std::size_t rb = 0; rb < plan.row_blocks; ++rb) {
         const std::size_t p = bb * plan.row_blocks + rb;
         const unsigned tile = tile_of(cb, p);
-        const std::string at = "@" + std::to_string(tile);
         const std::size_t b0 = bb * plan.batch_block, b1 = std::min(d.n, b0 + plan.batch_block);
         const std::size_t r0 = rb * plan.row_block, r1 = std::min(d.oh, r0 + plan.row_block);
         Tensor part = dw.rows(o0, o1);
-        if (parts > 1) {
-          part = graph.add_variable(DType::f32, {ob, d.cig, d.kh, d.kw}, name + "/partial" + at,
-                                    MemoryCategory::temporary);
+        if (parts > 1)
+          part = part_pieces.add(tile, {ob, d.cig, d.kh, d.kw});
+        else
           graph.set_tile_mapping(part, tile);
-        } else {
-          graph.set_tile_mapping(part, tile);
-        }
         partials[cb].push_back(part);
         if (b0 >= b1 || r0 >= r1) {  // an empty part (uneven blocks) contributes zeros
           graph.add_vertex(cs, {"ConvPartialsSum", tile, {{}, {part.flatten()}}, {}});
           continue;
         }
         const auto [ir0, ir1] = d.input_rows(r0, r1);
-        Tensor xl = graph.add_variable(x.dtype(), {b1 - b0, c1 - c0, ir1 - ir0, d.w},
-                                       name + "/x" + at, MemoryCategory::temporary);
-        Tensor dyl = graph.add_variable(dy.dtype(), {b1 - b0, ob, r1 - r0, d.ow}, name + "/dy" + at,
-                                        MemoryCategory::temporary);
-        graph.set_tile_mapping(xl, tile);
-        graph.set_tile_mapping(dyl, tile);
+        Tensor xl = x_pieces.add(tile, {b1 - b0, c1 - c0, ir1 - ir0, d.w});
+        Tensor dyl = dy_pieces.add(tile, {b1 - b0, ob, r1 - r0, d.ow});
         for (std::size_t b = b0; b < b1; ++b) {
           add_plane_copies(copies, x, b, c0, c1, ir0, ir1, xl.row(b - b0));
           add_plane_copies(copies, dy, b, o0, o1, r0, r1, dyl.row(b - b0));
@@ -345,6 +332,7 @@ Tensor conv2d_grad_weight(Graph& graph, Program& prog, const Tensor& dy, const T
   // Second stage: slice s of each block's gradient is summed on part s's tile.
   std::vector<std::pair<Tensor, Tensor>> gathers;
   const ComputeSetId reduce = graph.add_compute_set(name + "/reduce");
+  TilePieces gathered_pieces(graph, DType::f32, name + "/gathered");
   for (std::size_t cb = 0; cb < plan.channel_blocks; ++cb) {
     const std::size_t o0 = cb * plan.channel_block, o1 = std::min(d.co, o0 + plan.channel_block);
     if (o0 >= o1) continue;
@@ -355,11 +343,7 @@ Tensor conv2d_grad_weight(Graph& graph, Program& prog, const Tensor& dy, const T
       const std::size_t e0 = s * per, e1 = std::min(e, e0 + per), len = e1 - e0;
       const unsigned tile = tile_of(cb, s);
       graph.set_tile_mapping(block.slice(e0, e1), tile);
-      Tensor gathered =
-          graph.add_variable(DType::f32, {parts - 1, len},
-                             name + "/gathered@" + std::to_string(tile) + "/" + std::to_string(cb),
-                             MemoryCategory::temporary);
-      graph.set_tile_mapping(gathered, tile);
+      Tensor gathered = gathered_pieces.add(tile, {parts - 1, len});
       std::vector<Tensor> sources;
       for (std::size_t p = 0, k = 0; p < parts; ++p) {
         const Tensor piece = partials[cb][p].flatten().slice(e0, e1);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ipu_process/codelets.hpp"
+#include "ipu_process/ops/common.hpp"
 
 // The kernel is built for several host instruction sets, each with the register tile that fits
 // its registers, and the best one the host supports is chosen when it is first called, so one
@@ -525,6 +526,9 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
     const std::size_t b_pieces = tb ? (bk == k ? 1 : bn) : (bn == n ? 1 : bk);
     copies.reserve(plan.tiles() * (a_pieces + b_pieces));
   }
+  TilePieces a_pieces(graph, a.dtype(), name + "/a"), b_pieces(graph, b.dtype(), name + "/b"),
+      partial_pieces(graph, DType::f32, name + "/partial"),
+      gathered_pieces(graph, DType::f32, name + "/partials");
   unsigned tile = 0;
   for (std::size_t r0 = 0; r0 < m; r0 += bm) {
     const std::size_t r1 = std::min(m, r0 + bm), rows = r1 - r0;
@@ -534,16 +538,11 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
       std::vector<unsigned> partial_tiles;
       for (std::size_t k0 = 0; k0 < k; k0 += bk, ++tile) {
         const std::size_t k1 = std::min(k, k0 + bk), depth = k1 - k0;
-        const std::string at = "@" + std::to_string(tile);
         // Operand pieces this block needs, gathered onto its tile by the exchange.
         Tensor a_local =
-            graph.add_variable(a.dtype(), ta ? std::vector{depth, rows} : std::vector{rows, depth},
-                               name + "/a" + at, MemoryCategory::temporary);
+            a_pieces.add(tile, ta ? std::vector{depth, rows} : std::vector{rows, depth});
         Tensor b_local =
-            graph.add_variable(b.dtype(), tb ? std::vector{cols, depth} : std::vector{depth, cols},
-                               name + "/b" + at, MemoryCategory::temporary);
-        graph.set_tile_mapping(a_local, tile);
-        graph.set_tile_mapping(b_local, tile);
+            b_pieces.add(tile, tb ? std::vector{cols, depth} : std::vector{depth, cols});
         if (ta)
           copy_block(copies, a_flat, m, k0, k1, r0, r1, a_local.flatten());
         else
@@ -556,9 +555,7 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
         // accumulates, whatever the operands' type).
         Tensor out;
         if (split) {
-          out = graph.add_variable(DType::f32, {rows, cols}, name + "/partial" + at,
-                                   MemoryCategory::temporary);
-          graph.set_tile_mapping(out, tile);
+          out = partial_pieces.add(tile, {rows, cols});
           partials.push_back(out);
           partial_tiles.push_back(tile);
         } else {
@@ -590,10 +587,7 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
         const std::size_t e0 = g * share, e1 = std::min(elements, e0 + share);
         if (e0 >= e1) break;
         const unsigned reducer = partial_tiles[g];
-        Tensor gathered = graph.add_variable(DType::f32, {parts - 1, e1 - e0},
-                                             name + "/partials@" + std::to_string(reducer),
-                                             MemoryCategory::temporary);
-        graph.set_tile_mapping(gathered, reducer);
+        Tensor gathered = gathered_pieces.add(reducer, {parts - 1, e1 - e0});
         std::vector<Tensor> sources;  // the share of every partial, in k order, on this tile
         for (std::size_t h = 0, row = 0; h < parts; ++h) {
           const Tensor piece = partials[h].flatten().slice(e0, e1);

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "ipu_process/codelets.hpp"
+#include "ipu_process/ops/common.hpp"
 #include "ipu_process/ops/conv.hpp"
 #include "ipu_process/ops/matmul.hpp"
 
@@ -310,6 +311,9 @@ Tensor lower(Graph& graph, Program& prog, const std::string& name, const char* c
                              tile_of(p / best_pb, rb));
   std::vector<std::pair<Tensor, Tensor>> copies;
   const ComputeSetId cs = graph.add_compute_set(name);
+  std::vector<TilePieces> input_pieces;
+  for (std::size_t f = 0; f < inputs.size(); ++f)
+    input_pieces.emplace_back(graph, DType::f32, name + "/in" + std::to_string(f));
   for (std::size_t p0 = 0; p0 < planes; p0 += best_pb)
     for (std::size_t r0 = 0; r0 < rows; r0 += best_rb) {
       const std::size_t p1 = std::min(planes, p0 + best_pb), r1 = std::min(rows, r0 + best_rb);
@@ -320,11 +324,7 @@ Tensor lower(Graph& graph, Program& prog, const std::string& name, const char* c
       for (std::size_t f = 0; f < inputs.size(); ++f) {
         const auto [a, b] = inputs[f].rows(r0, r1);
         const Tensor& t = inputs[f].t;
-        Tensor local =
-            graph.add_variable(DType::f32, {p1 - p0, b - a, t.dim(2)},
-                               name + "/in" + std::to_string(f) + "@" + std::to_string(tile),
-                               MemoryCategory::temporary);
-        graph.set_tile_mapping(local, tile);
+        Tensor local = input_pieces[f].add(tile, {p1 - p0, b - a, t.dim(2)});
         for (std::size_t p = p0; p < p1; ++p)
           copies.emplace_back(t.row(p).rows(a, b).flatten(), local.row(p - p0).flatten());
         locals.push_back(local.flatten());

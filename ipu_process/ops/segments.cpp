@@ -132,6 +132,9 @@ std::vector<std::vector<Tensor>> SetPlan::windows(Program& prog, const std::vect
   std::vector<std::vector<Tensor>> out(pieces_.size());
   std::map<std::tuple<std::size_t, unsigned, std::size_t, std::size_t>, Tensor> cache;
   std::vector<std::pair<Tensor, Tensor>> copies;
+  std::vector<TilePieces> windows;
+  for (std::size_t j = 0; j < stats.size(); ++j)
+    windows.emplace_back(graph_, DType::f32, name + "/stats" + std::to_string(j));
   for (std::size_t i = 0; i < pieces_.size(); ++i) {
     const SetPiece& p = pieces_[i];
     for (std::size_t j = 0; j < stats.size(); ++j) {
@@ -145,11 +148,7 @@ std::vector<std::vector<Tensor>> SetPlan::windows(Program& prog, const std::vect
       auto key = std::make_tuple(j, p.tile, p.lo, p.hi);
       auto it = cache.find(key);
       if (it == cache.end()) {
-        Tensor w =
-            graph_.add_variable(DType::f32, {(p.hi - p.lo) * k},
-                                name + "/stats" + std::to_string(j) + "@" + std::to_string(p.tile),
-                                MemoryCategory::temporary);
-        graph_.set_tile_mapping(w, p.tile);
+        Tensor w = windows[j].add(p.tile, {(p.hi - p.lo) * k});
         copies.emplace_back(stats[j].flatten().slice(p.lo * k, p.hi * k), w);
         it = cache.emplace(key, w).first;
       }
@@ -169,12 +168,10 @@ Tensor SetPlan::reduce(Program& prog, const std::string& codelet, std::size_t k,
   // Partials: one vector of k values per set of each piece's window, on the piece's tile.
   ComputeSetId partial_cs = graph_.add_compute_set(name + "/partials");
   std::vector<Tensor> partials;
+  TilePieces partial_pieces(graph_, DType::f32, name + "/partial");
   for (std::size_t i = 0; i < pieces_.size(); ++i) {
     const SetPiece& p = pieces_[i];
-    Tensor part =
-        graph_.add_variable(DType::f32, {(p.hi - p.lo) * k}, name + "/partial" + std::to_string(i),
-                            MemoryCategory::temporary);
-    graph_.set_tile_mapping(part, p.tile);
+    Tensor part = partial_pieces.add(p.tile, {(p.hi - p.lo) * k});
     partials.push_back(part);
     Vertex v{codelet, p.tile, {}, piece_params(p, extra_params)};
     for (const Tensor& t : operands) v.fields.push_back({t.flatten().slice(p.begin, p.end)});
@@ -188,6 +185,7 @@ Tensor SetPlan::reduce(Program& prog, const std::string& codelet, std::size_t k,
   Tensor result = graph_.add_variable(DType::f32, {layout_.sets * k}, name);
   ComputeSetId reduce_cs = graph_.add_compute_set(name + "/reduce");
   std::vector<std::pair<Tensor, Tensor>> copies;
+  TilePieces incoming_pieces(graph_, DType::f32, name + "/incoming");
   for (std::size_t j = 0; j < reducers_.size(); ++j) {
     const ReducerRun& run = reducers_[j];
     std::vector<std::tuple<std::size_t, std::size_t, std::size_t>> incoming;  // piece, s0, s1
@@ -196,9 +194,7 @@ Tensor SetPlan::reduce(Program& prog, const std::string& codelet, std::size_t k,
       const std::size_t s0 = std::max(pieces_[i].lo, run.a), s1 = std::min(pieces_[i].hi, run.b);
       if (s0 < s1) incoming.emplace_back(i, s0, s1), total += (s1 - s0) * k;
     }
-    Tensor recv = graph_.add_variable(DType::f32, {total}, name + "/incoming" + std::to_string(j),
-                                      MemoryCategory::temporary);
-    graph_.set_tile_mapping(recv, run.tile);
+    Tensor recv = incoming_pieces.add(run.tile, {total});
     Vertex v{"SetReduce",
              run.tile,
              {{}, {result.slice(run.a * k, run.b * k)}},
