@@ -76,6 +76,10 @@ struct EngineOptions {
   unsigned threads = 1;              // host threads executing a compute set's vertices
   std::size_t trace_events = 0;      // record the first N timeline events (0: no trace)
   Float16Stores float16_stores = {};
+  // false: plan only, as `ipupod compile` needs: the memory plan and report, the tile checks
+  // and every compute set's and exchange's cycles, but no tile memory and no runtime tables
+  // (nothing can run, read or write).
+  bool executable = true;
 };
 
 // One step of the predicted timeline, in cycles since the engine was built.

@@ -86,7 +86,7 @@ Engine::Node Engine::compile(const Program& p) {
     case Program::Kind::if_else:
       node.count = p.count();
       for (const auto& c : p.children()) node.children.push_back(compile(c));
-      if (node.kind == Program::Kind::sequence) {
+      if (node.kind == Program::Kind::sequence && options_.executable) {
         fuse_exchanges(node);
         chain_tile_steps(node);
       }
@@ -104,11 +104,18 @@ Engine::Node Engine::compile(const Program& p) {
         break;
       }
       auto ccs = std::make_unique<CompiledComputeSet>();
-      ccs->regions.reserve(cs.regions.size());
-      ccs->fields.reserve(cs.field_ends.size());
-      ccs->vertices.reserve(cs.vertices.size());
+      // A plan keeps only the cycles (the tiles' checks are made all the same).
+      const bool tables = options_.executable;
+      if (tables) {
+        ccs->regions.reserve(cs.regions.size());
+        ccs->fields.reserve(cs.field_ends.size());
+        ccs->vertices.reserve(cs.vertices.size());
+      }
       const auto& registry = CodeletRegistry::builtin();
-      std::map<unsigned, std::vector<std::uint64_t>> worker_loads;
+      // The busy cycles of each worker context of each tile (tile t's are at t * workers).
+      const std::size_t workers = arch.workers_per_tile;
+      std::vector<std::uint64_t> worker_loads(std::size_t{arch.tiles} * workers, 0);
+      std::vector<Piece> pieces;
       std::size_t vi = 0, fields_so_far = 0;
       for (const VertexRecord& v : cs.vertices) {
         const Codelet& codelet = registry.at(v.codelet);
@@ -117,50 +124,51 @@ Engine::Node Engine::compile(const Program& p) {
             v.first_param, v.fields, v.params};
         for (std::size_t f = 0; f < v.fields; ++f) {
           for (const FieldRegion& field_region : cs.field(v, f)) {
-            const Tensor region = graph_.tensor(field_region);
-            auto pieces = resolve(region);
+            pieces.clear();
+            resolve_into(field_region.var, field_region.offset,
+                         field_region.offset + field_region.elements, pieces);
+            const auto region = [&] { return graph_.tensor(field_region); };
+            const DType dtype = graph_.variable(field_region.var).dtype;
             for (const auto& piece : pieces)
               if (piece.tile != v.tile)
                 throw std::logic_error(
                     "vertex " + std::to_string(vi) + " (" + codelet.name + ") on tile " +
                     std::to_string(v.tile) + " in compute set '" + cs.name + "': field '" +
-                    codelet.fields[f] + "' is connected to " + graph_.describe(region) +
+                    codelet.fields[f] + "' is connected to " + graph_.describe(region()) +
                     " which lives on tile " + std::to_string(piece.tile) +
                     "; a vertex may only touch its own tile's memory (copy the data first)");
             if (pieces.size() > 1)
               throw std::logic_error("vertex " + std::to_string(vi) + " (" + codelet.name +
                                      "): field '" + codelet.fields[f] + "' region " +
-                                     graph_.describe(region) +
+                                     graph_.describe(region()) +
                                      " is not contiguous in tile memory; split it into regions");
+            if (!tables) continue;
             ccs->regions.push_back(pieces.empty()
-                                       ? Region{nullptr, 0, region.dtype()}
-                                       : Region{pieces[0].data,
-                                                static_cast<std::uint32_t>(region.elements()),
-                                                region.dtype()});
-            rt.widens_float16 = rt.widens_float16 ||
-                                (region.dtype() == DType::f16 && !codelet.reads_float16_storage);
+                                       ? Region{nullptr, 0, dtype}
+                                       : Region{pieces[0].data, field_region.elements, dtype});
+            rt.widens_float16 =
+                rt.widens_float16 || (dtype == DType::f16 && !codelet.reads_float16_storage);
           }
         }
-        ccs->vertices.push_back(rt);
+        if (tables) ccs->vertices.push_back(rt);
         fields_so_far += v.fields;
         // Greedy: each vertex goes to the least-loaded of the tile's worker contexts.
-        auto& loads = worker_loads[v.tile];
-        if (loads.empty()) loads.assign(arch.workers_per_tile, 0);
-        *std::min_element(loads.begin(), loads.end()) += v.cycles;
+        const auto loads = worker_loads.begin() + static_cast<std::ptrdiff_t>(v.tile * workers);
+        *std::min_element(loads, loads + static_cast<std::ptrdiff_t>(workers)) += v.cycles;
         ++vi;
       }
-      ccs->params = cs.params;
-      // Spans into the region table are made once it has stopped growing.
-      std::size_t cursor = 0;
-      for (const VertexRecord& v : cs.vertices)
-        for (std::size_t f = 0; f < v.fields; ++f) {
-          const std::size_t n = cs.field(v, f).size();
-          ccs->fields.emplace_back(ccs->regions.data() + cursor, n);
-          cursor += n;
-        }
-      for (const auto& [tile, loads] : worker_loads)
-        ccs->cycles = std::max(ccs->cycles, *std::max_element(loads.begin(), loads.end()));
-      {
+      ccs->cycles =
+          worker_loads.empty() ? 0 : *std::max_element(worker_loads.begin(), worker_loads.end());
+      if (tables) {  // (a plan keeps only the cycles)
+        ccs->params = cs.params;
+        // Spans into the region table are made once it has stopped growing.
+        std::size_t cursor = 0;
+        for (const VertexRecord& v : cs.vertices)
+          for (std::size_t f = 0; f < v.fields; ++f) {
+            const std::size_t n = cs.field(v, f).size();
+            ccs->fields.emplace_back(ccs->regions.data() + cursor, n);
+            cursor += n;
+          }
         std::vector<unsigned> tiles;
         tiles.reserve(ccs->vertices.size());
         for (const auto& rt : ccs->vertices) tiles.push_back(rt.tile);

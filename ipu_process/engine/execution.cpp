@@ -249,6 +249,8 @@ void Engine::connect_output_stream(const std::string& name,
 }
 
 void Engine::run(const std::string& program) {
+  if (!options_.executable)
+    throw std::logic_error("cannot run: the engine was built to plan only (executable = false)");
   if (memory_.tiles_over() > 0)
     throw std::logic_error(
         "cannot run: the graph was compiled with allow-out-of-memory and does "

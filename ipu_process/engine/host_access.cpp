@@ -8,6 +8,9 @@
 namespace ipupod::ipu {
 
 void Engine::check_host_access(const Tensor& t) const {
+  if (!options_.executable)
+    throw std::logic_error("the host cannot access " + graph_.describe(t) +
+                           ": the engine was built to plan only and holds no tile memory");
   const Variable& v = graph_.variable(t.variable());
   if (!v.host_access && !always_live(v.category))
     throw std::logic_error("the host cannot access " + graph_.describe(t) +

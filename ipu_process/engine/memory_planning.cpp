@@ -550,7 +550,7 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
     throw OutOfMemoryError(os.str(), memory_);
   }
   arenas_.assign(arch.tiles, nullptr);
-  if (over > 0) return;
+  if (over > 0 || !options_.executable) return;
   // Every tile's memory in one zeroed block, each tile's from a cache-line boundary, so that
   // the host can back it with large pages: the tiles of an IPU hold hundreds of MB, and with
   // 4 KiB pages a run would pay a page-table walk for most pages it touches.

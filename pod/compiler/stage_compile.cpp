@@ -159,8 +159,10 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
   const double lower_seconds = seconds_since(start);
   if (progress) say("building the engine (memory plan, liveness, programs)");
   const auto engine_start = std::chrono::steady_clock::now();
-  // Out of memory allowed: the report of a stage that does not fit is the point.
-  const ipu::Engine engine(*compiled.graph, compiled.programs, {.allow_out_of_memory = true});
+  // Out of memory allowed: the report of a stage that does not fit is the point. A plan: the
+  // same memory layout and cycles as a training rank's engine, without its tile memory.
+  const ipu::Engine engine(*compiled.graph, compiled.programs,
+                           {.allow_out_of_memory = true, .executable = false});
   const double engine_seconds = seconds_since(engine_start);
 
   const ipu::Graph& g = *compiled.graph;

@@ -54,6 +54,36 @@ TEST(TileMemory, AllowOutOfMemoryFinishesAndReports) {
   EXPECT_THROW(e.run("none"), std::logic_error);
 }
 
+// An engine built to plan only (what `ipupod compile` builds) lays memory out exactly as one
+// that can run, makes the same checks, and refuses to run or to touch tile memory.
+TEST(TileMemory, APlanHasTheRunnableEnginesMemoryAndCannotRun) {
+  Graph g(tiny());
+  Tensor a = g.add_variable(DType::f32, {64, 48}, "a"),
+         b = g.add_variable(DType::f32, {48, 40}, "b");
+  g.map_linearly(a);
+  g.map_linearly(b);
+  g.set_host_access(a);
+  Program p;
+  ops::matmul(g, p, a, b, false, false, "ab");
+  const Engine runnable(g, {{"p", p}}), plan(g, {{"p", p}}, {.executable = false});
+  ASSERT_EQ(plan.memory().tiles.size(), runnable.memory().tiles.size());
+  for (std::size_t t = 0; t < plan.memory().tiles.size(); ++t) {
+    EXPECT_EQ(plan.memory().tiles[t].total(), runnable.memory().tiles[t].total()) << "tile " << t;
+    EXPECT_EQ(plan.memory().tiles[t].peak_live, runnable.memory().tiles[t].peak_live);
+  }
+  Engine planned(g, {{"p", p}}, {.executable = false});
+  EXPECT_THROW(planned.run("p"), std::logic_error);
+  EXPECT_THROW(planned.read(a), std::logic_error);
+  // The tile checks still apply: a vertex reading another tile's memory is refused.
+  Graph bad(tiny());
+  Tensor x = bad.add_variable(DType::f32, {8}, "x"), y = bad.add_variable(DType::f32, {8}, "y");
+  bad.set_tile_mapping(x, 0);
+  bad.set_tile_mapping(y, 1);
+  const ComputeSetId cs = bad.add_compute_set("cross");
+  bad.add_vertex(cs, {"Add", 0, {{x}, {y}, {x}}, {1.0, 1.0}});
+  EXPECT_THROW(Engine(bad, {{"p", Program::execute(cs)}}, {.executable = false}), std::logic_error);
+}
+
 TEST(TileMemory, AlwaysLiveCountedApartFromNotAlwaysLive) {
   Graph g(tiny());
   Tensor w = g.add_variable(DType::f32, {100}, "w", MemoryCategory::weight);
