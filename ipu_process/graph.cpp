@@ -389,6 +389,7 @@ Tensor Graph::add_variable(DType dtype, std::vector<std::size_t> shape, std::str
   v.elements = product(shape);
   v.category = category;
   variables_.push_back(std::move(v));
+  ++tensors_made_;
   return Tensor(static_cast<VariableId>(variables_.size() - 1), 0, std::move(shape), dtype);
 }
 
@@ -432,6 +433,7 @@ Tensor Graph::append_piece(VariableId var, std::vector<std::size_t> shape, unsig
   if (v.shape.size() != 1)
     throw std::logic_error("append_piece: '" + v.name + "' is not one-dimensional");
   const std::size_t offset = v.elements;
+  if (offset > 0) ++tensors_made_;
   Tensor piece(var, offset, std::move(shape), v.dtype);
   v.elements += piece.elements();
   v.shape = {v.elements};

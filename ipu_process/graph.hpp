@@ -219,6 +219,10 @@ class Graph {
   // std::logic_error naming the vertex otherwise.
   void add_vertex(ComputeSetId cs, const Vertex& vertex);
 
+  // How many tensors the graph has made: its variables, each piece a variable grew by after
+  // its first counting as one more (what spreads an op's small outputs over the tiles, so that
+  // the layout does not depend on how the op libraries group their temporaries).
+  std::size_t tensors_made() const { return tensors_made_; }
   const Variable& variable(VariableId id) const { return variables_.at(id); }
   const std::vector<Variable>& variables() const { return variables_; }
   const std::vector<ComputeSet>& compute_sets() const { return compute_sets_; }
@@ -233,6 +237,7 @@ class Graph {
   double available_memory_proportion_ = kDefaultAvailableMemoryProportion;
   const ArchPreset& arch_;
   std::vector<Variable> variables_;
+  std::size_t tensors_made_ = 0;
   std::vector<ComputeSet> compute_sets_;
 };
 
