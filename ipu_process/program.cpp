@@ -70,24 +70,30 @@ Program Program::execute(ComputeSetId cs) {
   return p;
 }
 
+void CopyRuns::add(const Tensor& src, const Tensor& dst) {
+  if (src.elements() != dst.elements() || src.dtype() != dst.dtype())
+    throw std::invalid_argument("copy between tensors of " + std::to_string(src.elements()) + " " +
+                                dtype_name(src.dtype()) + " and " + std::to_string(dst.elements()) +
+                                " " + dtype_name(dst.dtype()) + " elements: sizes or types differ");
+  for (std::size_t done = 0; done < src.elements();) {
+    // A run's row holds at most 2^32 - 1 elements: a longer pair becomes several rows.
+    const std::size_t n = std::min<std::size_t>(src.elements() - done, UINT32_MAX);
+    add_copy_run(runs_, src.variable(), src.offset() + done, dst.variable(), dst.offset() + done, n,
+                 src.dtype());
+    done += n;
+  }
+}
+
 Program Program::copy(std::vector<std::pair<Tensor, Tensor>> pairs) {
-  for (const auto& [src, dst] : pairs)
-    if (src.elements() != dst.elements() || src.dtype() != dst.dtype())
-      throw std::invalid_argument("copy between tensors of " + std::to_string(src.elements()) +
-                                  " " + dtype_name(src.dtype()) + " and " +
-                                  std::to_string(dst.elements()) + " " + dtype_name(dst.dtype()) +
-                                  " elements: sizes or types differ");
+  CopyRuns runs;
+  for (const auto& [src, dst] : pairs) runs.add(src, dst);
+  return copy(std::move(runs));
+}
+
+Program Program::copy(CopyRuns runs) {
   Program p(Kind::copy);
-  std::vector<CopyRun>& runs = p.node_->runs;
-  for (const auto& [src, dst] : pairs)
-    for (std::size_t done = 0; done < src.elements();) {
-      // A run's row holds at most 2^32 - 1 elements: a longer pair becomes several rows.
-      const std::size_t n = std::min<std::size_t>(src.elements() - done, UINT32_MAX);
-      add_copy_run(runs, src.variable(), src.offset() + done, dst.variable(), dst.offset() + done,
-                   n, src.dtype());
-      done += n;
-    }
-  runs.shrink_to_fit();
+  p.node_->runs = std::move(runs.runs_);
+  p.node_->runs.shrink_to_fit();
   return p;
 }
 

@@ -27,6 +27,20 @@ struct CopyRun {
   DType dtype = DType::f32;
 };
 
+// A copy's runs built pair by pair, each pair merged into the runs as it comes: an op that
+// moves millions of small pieces (a convolution's channel planes onto every tile) never holds
+// them as a list of tensor pairs. Program::copy(CopyRuns) makes the copy program.
+class CopyRuns {
+ public:
+  // Copies src to dst (same element count and dtype, else std::invalid_argument).
+  void add(const Tensor& src, const Tensor& dst);
+  bool empty() const { return runs_.empty(); }
+
+ private:
+  friend class Program;
+  std::vector<CopyRun> runs_;
+};
+
 // A program is a cheap handle on an immutable tree node: copying one shares the node, and
 // Program::add copies the node first if it is shared (copy on write).
 class Program {
@@ -55,6 +69,7 @@ class Program {
   // All pairs move in one exchange phase; each pair is (source, destination), same size.
   static Program copy(std::vector<std::pair<Tensor, Tensor>> pairs);
   static Program copy(const Tensor& src, const Tensor& dst) { return copy({{src, dst}}); }
+  static Program copy(CopyRuns runs);
   // The same between views (transposed, broadcast, concatenated, ...): the exchange moves each
   // element of src to the same logical element of dst, so copying a transposed view into a
   // variable transposes through the exchange. dst must not name an element twice.

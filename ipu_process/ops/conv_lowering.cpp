@@ -38,16 +38,14 @@ void expect_same_type(const Tensor& a, const Tensor& b, const std::string& name)
 // Adds the copies of channels [c0, c1), rows [r0, r1) of batch element b of src (NCHW) into
 // dst's local block [channels, rows, width]: one pair when the rows are whole planes (the
 // channels are then contiguous in both), else one per channel.
-void add_plane_copies(std::vector<std::pair<Tensor, Tensor>>& copies, const Tensor& src,
-                      std::size_t b, std::size_t c0, std::size_t c1, std::size_t r0, std::size_t r1,
-                      const Tensor& dst_block) {
+void add_plane_copies(CopyRuns& copies, const Tensor& src, std::size_t b, std::size_t c0,
+                      std::size_t c1, std::size_t r0, std::size_t r1, const Tensor& dst_block) {
   if (r0 == 0 && r1 == src.dim(2)) {
-    copies.emplace_back(src.row(b).rows(c0, c1).flatten(), dst_block.flatten());
+    copies.add(src.row(b).rows(c0, c1).flatten(), dst_block.flatten());
     return;
   }
   for (std::size_t ch = c0; ch < c1; ++ch)
-    copies.emplace_back(src.row(b).row(ch).rows(r0, r1).flatten(),
-                        dst_block.row(ch - c0).flatten());
+    copies.add(src.row(b).row(ch).rows(r0, r1).flatten(), dst_block.row(ch - c0).flatten());
 }
 
 // Tiles of one op start at a place that depends on its name, so that layers spread their
@@ -95,7 +93,7 @@ Tensor conv2d(Graph& graph, Program& prog, const Tensor& x, const Tensor& w,
         graph.set_tile_mapping(y.row(b).row(o).rows(r0, r1),
                                tile_of(b / plan.batch_block, o / plan.channel_block, rb));
       }
-  std::vector<std::pair<Tensor, Tensor>> copies;
+  CopyRuns copies;
   const ComputeSetId cs = graph.add_compute_set(name);
   const ConvGeometry geo = d.geometry();
   TilePieces x_pieces(graph, x.dtype(), name + "/x"), w_pieces(graph, w.dtype(), name + "/w");
@@ -114,7 +112,7 @@ Tensor conv2d(Graph& graph, Program& prog, const Tensor& x, const Tensor& w,
         Tensor wl = w_pieces.add(tile, {o1 - o0, d.cig, d.kh, d.kw});
         for (std::size_t b = b0; b < b1; ++b)
           add_plane_copies(copies, x, b, c0, c1, ir0, ir1, xl.row(b - b0));
-        copies.emplace_back(w.rows(o0, o1).flatten(), wl.flatten());
+        copies.add(w.rows(o0, o1).flatten(), wl.flatten());
         const std::size_t ob = o1 - o0;
         for_each_work_split(
             (b1 - b0) * ob, r1 - r0, graph.arch().workers_per_tile,
@@ -160,7 +158,7 @@ Tensor grad_input(Graph& graph, Program& prog, const Tensor& dy, const Tensor& w
         graph.set_tile_mapping(dx.row(b).row(c).rows(r0, r1),
                                tile_of(b / plan.batch_block, c / plan.channel_block, rb));
       }
-  std::vector<std::pair<Tensor, Tensor>> copies;
+  CopyRuns copies;
   const ComputeSetId cs = graph.add_compute_set(name);
   const ConvGeometry geo = d.geometry();
   TilePieces dy_pieces(graph, dy.dtype(), name + "/dy"), w_pieces(graph, w.dtype(), name + "/w");
@@ -192,14 +190,13 @@ Tensor grad_input(Graph& graph, Program& prog, const Tensor& dy, const Tensor& w
           const std::size_t len = (l1 - l0) * d.taps;
           if (l1 - l0 == d.cig) {  // the group's whole weights, contiguous in w and in wl
             const std::size_t at_w = group_offset[gr - g0];
-            copies.emplace_back(w.rows(gr * d.cog, (gr + 1) * d.cog).flatten(),
-                                wl.slice(at_w, at_w + d.cog * len));
+            copies.add(w.rows(gr * d.cog, (gr + 1) * d.cog).flatten(),
+                       wl.slice(at_w, at_w + d.cog * len));
             continue;
           }
           for (std::size_t o = 0; o < d.cog; ++o) {
             const std::size_t at_w = group_offset[gr - g0] + o * len;
-            copies.emplace_back(w.row(gr * d.cog + o).rows(l0, l1).flatten(),
-                                wl.slice(at_w, at_w + len));
+            copies.add(w.row(gr * d.cog + o).rows(l0, l1).flatten(), wl.slice(at_w, at_w + len));
           }
         }
         const std::size_t cb_size = c1 - c0;
@@ -265,7 +262,7 @@ Tensor conv2d_grad_weight(Graph& graph, Program& prog, const Tensor& dy, const T
     return static_cast<unsigned>((first + cb * parts + p) % graph.tiles());
   };
   Tensor dw = graph.add_variable(x.dtype(), weight_shape, name);
-  std::vector<std::pair<Tensor, Tensor>> copies;
+  CopyRuns copies;
   const ComputeSetId cs = graph.add_compute_set(name);
   const ConvGeometry geo = d.geometry();
   const std::size_t workers = graph.arch().workers_per_tile;
@@ -330,7 +327,7 @@ Tensor conv2d_grad_weight(Graph& graph, Program& prog, const Tensor& dy, const T
   if (parts == 1) return dw;
 
   // Second stage: slice s of each block's gradient is summed on part s's tile.
-  std::vector<std::pair<Tensor, Tensor>> gathers;
+  CopyRuns gathers;
   const ComputeSetId reduce = graph.add_compute_set(name + "/reduce");
   TilePieces gathered_pieces(graph, DType::f32, name + "/gathered");
   for (std::size_t cb = 0; cb < plan.channel_blocks; ++cb) {
@@ -351,7 +348,7 @@ Tensor conv2d_grad_weight(Graph& graph, Program& prog, const Tensor& dy, const T
           sources.push_back(piece);
           continue;
         }
-        gathers.emplace_back(piece, gathered.row(k));
+        gathers.add(piece, gathered.row(k));
         sources.push_back(gathered.row(k++));
       }
       // The slice's elements shared out between the workers.

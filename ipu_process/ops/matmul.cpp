@@ -426,17 +426,16 @@ PlanCost plan_cost(const ArchPreset& arch, std::size_t bm, std::size_t bk, std::
 // Copies block [row0, row1) x [col0, col1) of a row-major matrix (src: its flat view, rows
 // of row_length elements) into the contiguous dst: one piece if the block is whole rows,
 // else one per row.
-void copy_block(std::vector<std::pair<Tensor, Tensor>>& copies, const Tensor& src,
-                std::size_t row_length, std::size_t row0, std::size_t row1, std::size_t col0,
-                std::size_t col1, const Tensor& dst) {
+void copy_block(CopyRuns& copies, const Tensor& src, std::size_t row_length, std::size_t row0,
+                std::size_t row1, std::size_t col0, std::size_t col1, const Tensor& dst) {
   const std::size_t width = col1 - col0;
   if (width == row_length) {
-    copies.emplace_back(src.slice(row0 * row_length, row1 * row_length), dst);
+    copies.add(src.slice(row0 * row_length, row1 * row_length), dst);
     return;
   }
   for (std::size_t r = row0; r < row1; ++r)
-    copies.emplace_back(src.slice(r * row_length + col0, r * row_length + col1),
-                        dst.slice((r - row0) * width, (r - row0 + 1) * width));
+    copies.add(src.slice(r * row_length + col0, r * row_length + col1),
+               dst.slice((r - row0) * width, (r - row0 + 1) * width));
 }
 
 }  // namespace
@@ -512,7 +511,7 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
   const std::size_t bk = ceil_div(k, plan.k_splits);
   const bool split = plan.k_splits > 1;
   Tensor c = graph.add_variable(a.dtype(), {m, n}, name);
-  std::vector<std::pair<Tensor, Tensor>> copies, reduce_copies;
+  CopyRuns copies, reduce_copies;
   // c's pieces and their tiles, mapped in element order at the end: mapping a variable front
   // to back costs the graph constant time per piece, out of order it costs the whole mapping.
   std::vector<std::pair<Tensor, unsigned>> c_pieces;
@@ -520,12 +519,6 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
   const ComputeSetId reduce_cs = split ? graph.add_compute_set(name + "/reduce") : cs;
   const std::size_t workers = graph.arch().workers_per_tile;
   const Tensor a_flat = a.flatten(), b_flat = b.flatten();
-  {
-    // A block of whole rows moves as one piece, any other block row by row.
-    const std::size_t a_pieces = ta ? (bm == m ? 1 : bk) : (bk == k ? 1 : bm);
-    const std::size_t b_pieces = tb ? (bk == k ? 1 : bn) : (bn == n ? 1 : bk);
-    copies.reserve(plan.tiles() * (a_pieces + b_pieces));
-  }
   TilePieces a_pieces(graph, a.dtype(), name + "/a"), b_pieces(graph, b.dtype(), name + "/b"),
       partial_pieces(graph, DType::f32, name + "/partial"),
       gathered_pieces(graph, DType::f32, name + "/partials");
@@ -595,7 +588,7 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
             sources.push_back(piece);
             continue;
           }
-          reduce_copies.emplace_back(piece, gathered.row(row));
+          reduce_copies.add(piece, gathered.row(row));
           sources.push_back(gathered.row(row++));
         }
         // Output pieces of the share: row by row, as c's rows are not adjacent in the block.

@@ -309,7 +309,7 @@ Tensor lower(Graph& graph, Program& prog, const std::string& name, const char* c
     for (std::size_t rb = 0; rb < row_blocks; ++rb)
       graph.set_tile_mapping(out3.row(p).rows(rb * best_rb, std::min(rows, (rb + 1) * best_rb)),
                              tile_of(p / best_pb, rb));
-  std::vector<std::pair<Tensor, Tensor>> copies;
+  CopyRuns copies;
   const ComputeSetId cs = graph.add_compute_set(name);
   std::vector<TilePieces> input_pieces;
   for (std::size_t f = 0; f < inputs.size(); ++f)
@@ -326,7 +326,7 @@ Tensor lower(Graph& graph, Program& prog, const std::string& name, const char* c
         const Tensor& t = inputs[f].t;
         Tensor local = input_pieces[f].add(tile, {p1 - p0, b - a, t.dim(2)});
         for (std::size_t p = p0; p < p1; ++p)
-          copies.emplace_back(t.row(p).rows(a, b).flatten(), local.row(p - p0).flatten());
+          copies.add(t.row(p).rows(a, b).flatten(), local.row(p - p0).flatten());
         locals.push_back(local.flatten());
         params.push_back(double(a));
         params.push_back(double(b - a));

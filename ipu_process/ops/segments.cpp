@@ -131,7 +131,7 @@ std::vector<std::vector<Tensor>> SetPlan::windows(Program& prog, const std::vect
                                                   const std::string& name) {
   std::vector<std::vector<Tensor>> out(pieces_.size());
   std::map<std::tuple<std::size_t, unsigned, std::size_t, std::size_t>, Tensor> cache;
-  std::vector<std::pair<Tensor, Tensor>> copies;
+  CopyRuns copies;
   std::vector<TilePieces> windows;
   for (std::size_t j = 0; j < stats.size(); ++j)
     windows.emplace_back(graph_, DType::f32, name + "/stats" + std::to_string(j));
@@ -149,7 +149,7 @@ std::vector<std::vector<Tensor>> SetPlan::windows(Program& prog, const std::vect
       auto it = cache.find(key);
       if (it == cache.end()) {
         Tensor w = windows[j].add(p.tile, {(p.hi - p.lo) * k});
-        copies.emplace_back(stats[j].flatten().slice(p.lo * k, p.hi * k), w);
+        copies.add(stats[j].flatten().slice(p.lo * k, p.hi * k), w);
         it = cache.emplace(key, w).first;
       }
       out[i].push_back(it->second);
@@ -184,7 +184,7 @@ Tensor SetPlan::reduce(Program& prog, const std::string& codelet, std::size_t k,
   // Reduction: each reducer run receives the overlapping slices of every partial, in piece order.
   Tensor result = graph_.add_variable(DType::f32, {layout_.sets * k}, name);
   ComputeSetId reduce_cs = graph_.add_compute_set(name + "/reduce");
-  std::vector<std::pair<Tensor, Tensor>> copies;
+  CopyRuns copies;
   TilePieces incoming_pieces(graph_, DType::f32, name + "/incoming");
   for (std::size_t j = 0; j < reducers_.size(); ++j) {
     const ReducerRun& run = reducers_[j];
@@ -204,7 +204,7 @@ Tensor SetPlan::reduce(Program& prog, const std::string& codelet, std::size_t k,
     for (const auto& [i, s0, s1] : incoming) {
       const std::size_t n = (s1 - s0) * k;
       const std::size_t from = (s0 - pieces_[i].lo) * k;
-      copies.emplace_back(partials[i].slice(from, from + n), recv.slice(at, at + n));
+      copies.add(partials[i].slice(from, from + n), recv.slice(at, at + n));
       v.fields[0].push_back(recv.slice(at, at + n));
       v.params.push_back(double(s0 - run.a));
       at += n;
