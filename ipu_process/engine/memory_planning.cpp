@@ -309,6 +309,13 @@ class TileLayout {
   // Places a variable of `bytes` bytes with live range `range` (which must outlive the layout).
   // Variables live for the whole run come first, then by first step.
   std::size_t place(const LiveRange& range, std::size_t bytes) {
+    // Variables live for the whole run come first and meet every other: they stack up from
+    // the floor, which rises past them (no later search need walk them).
+    if (range.whole_run && alive_.empty()) {
+      const std::size_t offset = floor_;
+      floor_ = align_up(offset + bytes);
+      return offset;
+    }
     if (!range.whole_run) retire_before(range.first);
     std::size_t offset = floor_;
     for (const Entry& e : alive_) {
@@ -396,12 +403,14 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
   // that the rows of a block (channel planes) lie at regular strides.
   struct Item {
     VariableId var;
-    std::uint32_t first, last;  // its intervals on this tile are among mapping[first..last]
+    std::uint32_t first, last;  // its first and last mapping intervals on this tile
     std::size_t bytes = 0;      // of its elements
     std::size_t block = 0;      // of tile memory, with each interval's alignment
   };
   std::vector<std::vector<Item>> per_tile(arch.tiles);
   interval_offset_begin_.assign(vars.size() + 1, 0);
+  // next_on_tile[begin[v] + k]: the next interval of variable v on interval k's tile.
+  std::vector<std::uint32_t> next_on_tile;
   for (VariableId id = 0; id < vars.size(); ++id) {
     const Variable& v = vars[id];
     if (always_live(v.category) || v.host_access || ranges[id].program < 0)
@@ -412,6 +421,9 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
       const std::size_t bytes = (iv.end - iv.begin) * dtype_size(v.dtype);
       auto& items = per_tile[iv.tile];
       if (items.empty() || items.back().var != id) items.push_back({id, k, k});
+      next_on_tile.push_back(UINT32_MAX);
+      if (items.back().last != k)
+        next_on_tile[interval_offset_begin_[id] + items.back().last] = k;
       items.back().last = k;
       items.back().bytes += bytes;
       items.back().block += align_up(bytes);
@@ -427,9 +439,9 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
   // The offsets of an item's intervals once its block is at `offset` of tile t.
   const auto place_intervals = [&](const Item& it, unsigned t, std::size_t offset) {
     const Variable& v = vars[it.var];
-    for (std::uint32_t k = it.first; k <= it.last; ++k) {
+    const std::size_t base = interval_offset_begin_[it.var];
+    for (std::uint32_t k = it.first; k != UINT32_MAX; k = next_on_tile[base + k]) {
       const TileInterval& iv = v.mapping[k];
-      if (iv.tile != t) continue;
       if (offset > UINT32_MAX)
         throw std::length_error("tile " + std::to_string(t) +
                                 " would need more than 4 GiB of memory: the model is far too "
