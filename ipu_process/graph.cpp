@@ -387,6 +387,10 @@ Tensor Graph::add_variable(DType dtype, std::vector<std::size_t> shape, std::str
   v.dtype = dtype;
   v.shape = shape;
   v.elements = product(shape);
+  // Far beyond any IPU's memory; the graph's tables count a variable's elements in 32 bits.
+  if (v.elements > UINT32_MAX)
+    throw std::invalid_argument("variable '" + v.name + "' of " + std::to_string(v.elements) +
+                                " elements: at most 2^32 - 1 elements per variable");
   v.category = category;
   variables_.push_back(std::move(v));
   ++tensors_made_;
@@ -435,6 +439,9 @@ Tensor Graph::append_piece(VariableId var, std::vector<std::size_t> shape, unsig
   const std::size_t offset = v.elements;
   if (offset > 0) ++tensors_made_;
   Tensor piece(var, offset, std::move(shape), v.dtype);
+  if (offset + piece.elements() > UINT32_MAX)
+    throw std::invalid_argument("variable '" + v.name +
+                                "' would grow past 2^32 - 1 elements; use another variable");
   v.elements += piece.elements();
   v.shape = {v.elements};
   set_tile_mapping(piece, tile);
@@ -558,8 +565,8 @@ void Graph::add_vertex(ComputeSetId cs_id, const Vertex& vertex) {
                                std::to_string(region.elements()) + " " +
                                dtype_name(region.dtype()) + " elements of a " +
                                dtype_name(var.dtype) + " variable");
-      cs.regions.push_back(
-          {region.offset(), region.variable(), static_cast<std::uint32_t>(region.elements())});
+      cs.regions.push_back({static_cast<std::uint32_t>(region.offset()), region.variable(),
+                            static_cast<std::uint32_t>(region.elements())});
     }
     cs.field_ends.push_back(static_cast<std::uint32_t>(cs.regions.size()));
   }

@@ -142,7 +142,7 @@ struct Vertex {
 // One region of a vertex field as the graph keeps it: elements [offset, offset + elements) of
 // a variable, whose dtype it has.
 struct FieldRegion {
-  std::uint64_t offset = 0;
+  std::uint32_t offset = 0;  // a variable holds fewer than 2^32 elements (see add_variable)
   VariableId var = 0;
   std::uint32_t elements = 0;
 };
