@@ -403,7 +403,9 @@ void Graph::set_tile_mapping(const Tensor& t, unsigned tile) {
                             " is outside the IPU's " + std::to_string(arch_.tiles) + " tiles");
   if (t.elements() == 0) return;
   auto& m = variables_.at(t.variable()).mapping;
-  const std::size_t b = t.offset(), e = t.offset() + t.elements();
+  // Within a variable, so under 2^32 (see add_variable).
+  const auto b = static_cast<std::uint32_t>(t.offset()),
+             e = static_cast<std::uint32_t>(t.offset() + t.elements());
   if (m.empty() || m.back().end <= b) {  // the common case: mapping a variable front to back
     if (!m.empty() && m.back().tile == tile && m.back().end == b)
       m.back().end = e;
@@ -468,7 +470,8 @@ void Graph::map_linearly(const Tensor& t, std::size_t grain, unsigned first_tile
 
 std::vector<TileInterval> Graph::tile_mapping(const Tensor& t) const {
   const auto& m = variables_.at(t.variable()).mapping;
-  const std::size_t b = t.offset(), e = t.offset() + t.elements();
+  const auto b = static_cast<std::uint32_t>(t.offset()),
+             e = static_cast<std::uint32_t>(t.offset() + t.elements());
   std::vector<TileInterval> out;
   auto it = std::upper_bound(m.begin(), m.end(), b,
                              [](std::size_t x, const TileInterval& iv) { return x < iv.end; });
@@ -478,10 +481,13 @@ std::vector<TileInterval> Graph::tile_mapping(const Tensor& t) const {
 }
 
 std::vector<TileInterval> Graph::tile_mapping(const View& v) const {
+  if (v.elements() > UINT32_MAX)
+    throw std::invalid_argument("tile mapping of a view of " + std::to_string(v.elements()) +
+                                " elements: at most 2^32 - 1");
   std::vector<TileInterval> out;
-  std::size_t pos = 0;
+  std::uint32_t pos = 0;
   for (const auto& r : v.view_regions()) {
-    const std::size_t n = r.end - r.begin;
+    const auto n = static_cast<std::uint32_t>(r.end - r.begin);
     for (const auto& iv : tile_mapping(Tensor(r.var, r.begin, {n}, v.dtype()))) {
       if (!out.empty() && out.back().tile == iv.tile && out.back().end == pos + iv.begin)
         out.back().end = pos + iv.end;
@@ -570,7 +576,10 @@ void Graph::add_vertex(ComputeSetId cs_id, const Vertex& vertex) {
     }
     cs.field_ends.push_back(static_cast<std::uint32_t>(cs.regions.size()));
   }
-  cs.params.insert(cs.params.end(), vertex.params.begin(), vertex.params.end());
+  if (keep_vertex_params_)
+    cs.params.insert(cs.params.end(), vertex.params.begin(), vertex.params.end());
+  else
+    record.params = 0;
   cs.vertices.push_back(record);
 }
 

@@ -114,9 +114,11 @@ class View {
   DType dtype_ = DType::f32;
 };
 
+// 12 bytes: a full-size stage maps tens of millions of intervals, and a variable (or a view)
+// holds fewer than 2^32 elements.
 struct TileInterval {
-  std::size_t begin = 0, end = 0;  // elements of the variable
-  unsigned tile = 0;
+  std::uint32_t begin = 0, end = 0;  // elements of the variable
+  std::uint32_t tile = 0;
 };
 
 struct Variable {
@@ -211,6 +213,11 @@ class Graph {
   // The single tile holding every element of t, or throws naming the tensor and the tiles.
   unsigned tile_of(const Tensor& t) const;
 
+  // For a graph that will only be planned, never run (ipupod compile): vertices keep no
+  // parameters once their cycles are estimated (an engine that can run refuses such a graph).
+  void drop_vertex_params() { keep_vertex_params_ = false; }
+  bool keeps_vertex_params() const { return keep_vertex_params_; }
+
   ComputeSetId add_compute_set(std::string name);
   // Gives back what the compute sets' tables reserved for growth (call when lowering is done).
   void shrink_to_fit();
@@ -238,6 +245,7 @@ class Graph {
   const ArchPreset& arch_;
   std::vector<Variable> variables_;
   std::size_t tensors_made_ = 0;
+  bool keep_vertex_params_ = true;
   std::vector<ComputeSet> compute_sets_;
 };
 

@@ -68,6 +68,10 @@ std::vector<std::size_t> group_by(const std::vector<unsigned>& keys, unsigned bu
 
 Engine::Engine(const Graph& graph, std::map<std::string, Program> programs, EngineOptions options)
     : graph_(graph), options_(options), pool_(std::make_unique<ThreadPool>(options.threads)) {
+  if (options_.executable && !graph.keeps_vertex_params())
+    throw std::logic_error(
+        "an engine that can run needs the vertices' parameters, which this graph dropped "
+        "(Graph::drop_vertex_params): build it with executable = false, or keep them");
   allocate_memory(programs);
   for (auto& [name, program] : programs)
     programs_.emplace(name, std::make_unique<Node>(compile(program)));

@@ -422,8 +422,7 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
       auto& items = per_tile[iv.tile];
       if (items.empty() || items.back().var != id) items.push_back({id, k, k});
       next_on_tile.push_back(UINT32_MAX);
-      if (items.back().last != k)
-        next_on_tile[interval_offset_begin_[id] + items.back().last] = k;
+      if (items.back().last != k) next_on_tile[interval_offset_begin_[id] + items.back().last] = k;
       items.back().last = k;
       items.back().bytes += bytes;
       items.back().block += align_up(bytes);
@@ -628,7 +627,8 @@ void Engine::resolve_into(VariableId var, std::size_t b, std::size_t e,
                              [](std::size_t x, const TileInterval& iv) { return x < iv.end; });
   for (; it != m.end() && it->begin < e; ++it) {
     const std::size_t k = static_cast<std::size_t>(it - m.begin());
-    const std::size_t lo = std::max(it->begin, b), hi = std::min(it->end, e);
+    const std::size_t lo = std::max<std::size_t>(it->begin, b),
+                      hi = std::min<std::size_t>(it->end, e);
     std::byte* base = arenas_[it->tile];
     out.push_back(
         {it->tile,

@@ -35,7 +35,8 @@ void for_each_worker_piece(const Graph& graph, const Tensor& t, std::size_t min_
     const std::size_t pieces =
         std::clamp<std::size_t>(n / std::max<std::size_t>(min_elements, 1), 1, workers);
     const std::size_t per = (n + pieces - 1) / pieces;
-    for (std::size_t b = iv.begin; b < iv.end; b += per) fn(iv.tile, b, std::min(iv.end, b + per));
+    for (std::size_t b = iv.begin; b < iv.end; b += per)
+      fn(iv.tile, b, std::min<std::size_t>(iv.end, b + per));
   }
 }
 

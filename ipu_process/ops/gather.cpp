@@ -326,9 +326,9 @@ std::vector<TileInterval> lookup_intervals(const LookupPlan& p) {
   const auto push = [&](std::size_t b, std::size_t e, unsigned tile) {
     if (b == e) return;
     if (!out.empty() && out.back().tile == tile && out.back().end == b)
-      out.back().end = e;
+      out.back().end = static_cast<std::uint32_t>(e);
     else
-      out.push_back({b, e, tile});
+      out.push_back({static_cast<std::uint32_t>(b), static_cast<std::uint32_t>(e), tile});
   };
   for (std::size_t rb = 0; rb < p.row_blocks; ++rb)
     for (std::size_t r = p.row_begin(rb); r < p.row_end(rb); ++r)

@@ -9,8 +9,10 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <sstream>
 
+#include "ipu_process/codelets.hpp"
 #include "ipu_process/engine.hpp"
 #include "pod/compiler/compiler.hpp"
 #include "pod/compiler/model_options.hpp"
@@ -154,7 +156,8 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
                        .grouped = c.train.pipeline_schedule == "grouped",
                        .recompute = c.train.recompute,
                        .float16 = c.train.precision == "fp16",
-                       .available_memory_proportion = c.train.available_memory_proportion},
+                       .available_memory_proportion = c.train.available_memory_proportion,
+                       .plan_only = true},
                       &eval_model, lowered);
   const double lower_seconds = seconds_since(start);
   if (progress) say("building the engine (memory plan, liveness, programs)");
@@ -173,10 +176,15 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
     intervals += v.mapping.size();
     for (const auto& iv : v.mapping) ++per_tile[iv.tile];
   }
+  std::map<std::uint16_t, std::size_t> by_codelet;
   for (const auto& cs : g.compute_sets()) {
     vertices += cs.vertices.size();
     regions += cs.regions.size();
+    for (const auto& v : cs.vertices) ++by_codelet[v.codelet];
   }
+  nlohmann::json vertices_by_codelet = nlohmann::json::object();
+  for (const auto& [codelet, count] : by_codelet)
+    vertices_by_codelet[ipu::CodeletRegistry::builtin().at(codelet).name] = count;
 
   nlohmann::json j = memory_report_json(engine.memory(), arch);
   j["stage"] = stage;
@@ -188,6 +196,7 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
   j["graph"] = {{"variables", g.variables().size()},
                 {"compute_sets", g.compute_sets().size()},
                 {"vertices", vertices},
+                {"vertices_by_codelet", vertices_by_codelet},
                 {"regions", regions},
                 {"tile_intervals", intervals},
                 {"max_intervals_per_tile", *std::max_element(per_tile.begin(), per_tile.end())}};

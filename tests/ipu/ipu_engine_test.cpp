@@ -84,6 +84,31 @@ TEST(TileMemory, APlanHasTheRunnableEnginesMemoryAndCannotRun) {
   EXPECT_THROW(Engine(bad, {{"p", Program::execute(cs)}}, {.executable = false}), std::logic_error);
 }
 
+// A graph that drops its vertices' parameters (what `ipupod compile` lowers) plans to the same
+// memory as one that keeps them; an engine that could run refuses it.
+TEST(TileMemory, AGraphWithoutVertexParametersPlansTheSameAndCannotRun) {
+  const auto build = [](Graph& g) {
+    Tensor a = g.add_variable(DType::f32, {64, 48}, "a"),
+           b = g.add_variable(DType::f32, {48, 40}, "b");
+    g.map_linearly(a);
+    g.map_linearly(b);
+    Program p;
+    ops::matmul(g, p, a, b, false, false, "ab");
+    return p;
+  };
+  Graph kept(tiny()), dropped(tiny());
+  dropped.drop_vertex_params();
+  const Program pk = build(kept), pd = build(dropped);
+  std::size_t params = 0;
+  for (const auto& cs : dropped.compute_sets()) params += cs.params.size();
+  EXPECT_EQ(params, 0u);
+  const Engine a(kept, {{"p", pk}}, {.executable = false}),
+      b(dropped, {{"p", pd}}, {.executable = false});
+  for (std::size_t t = 0; t < a.memory().tiles.size(); ++t)
+    EXPECT_EQ(a.memory().tiles[t].total(), b.memory().tiles[t].total()) << "tile " << t;
+  EXPECT_THROW(Engine(dropped, {{"p", pd}}), std::logic_error);
+}
+
 TEST(TileMemory, AlwaysLiveCountedApartFromNotAlwaysLive) {
   Graph g(tiny());
   Tensor w = g.add_variable(DType::f32, {100}, "w", MemoryCategory::weight);
