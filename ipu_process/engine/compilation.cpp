@@ -232,12 +232,13 @@ Engine::Node Engine::compile(const Program& p) {
             return;
         } else if (!ex->transfers.empty() && last_src_tile == s && dst_tiles.back() == d &&
                    joins(ex->transfers.back(), src, dst, bytes)) {
+          open[key] = ex->transfers.size() - 1;  // the run's later rows may join it too
           return;
         }
         ex->transfers.push_back({src, dst, static_cast<std::uint32_t>(bytes), 1, 0, 0});
         dst_tiles.push_back(d);
         last_src_tile = s;
-        if (within_run) open[key] = ex->transfers.size() - 1;
+        open[key] = ex->transfers.size() - 1;
       };
       std::vector<Piece> s, d;
       const auto plan = [&](std::size_t esize, bool within_run) {
