@@ -1,7 +1,25 @@
 #!/usr/bin/env bash
 # Installs every Debian package ipupod needs to build, test and run its demo.
 # Non-interactive and idempotent: packages already present are skipped, apt-get update runs once.
+#   --bench   also the benchmarks' peers that the tests never need: Debian's PyTorch
+#             (python3-torch, the peer of `ipupod bench step`, for /usr/bin/python3)
+# IPUPOD_EXTRA_PACKAGES="a b" adds more Debian packages.
 set -euo pipefail
+
+bench=0
+for arg in "$@"; do
+  case "$arg" in
+    --bench) bench=1 ;;
+    -h | --help)
+      sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+    *)
+      echo "install-deps: unknown option '$arg' (expected --bench or --help)" >&2
+      exit 2
+      ;;
+  esac
+done
 
 packages=(
   build-essential cmake ninja-build pkg-config
@@ -24,6 +42,9 @@ packages=(
   slurm-wlm-basic-plugins             # srun --mpi=pmix (mpi_pmix.so) for Open MPI jobs
   python3-matplotlib                  # scripts/scaling/plot.py: scaling plots
 )
+if [[ $bench -eq 1 ]]; then
+  packages+=(python3-torch)         # PyTorch: the peer of `ipupod bench step` (not the tests)
+fi
 if [[ "${IPUPOD_EXTRA_PACKAGES:-}" != "" ]]; then
   read -r -a extra <<<"$IPUPOD_EXTRA_PACKAGES"
   packages+=("${extra[@]}")

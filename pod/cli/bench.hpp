@@ -12,5 +12,8 @@ void add_allreduce_bench(CLI::App& bench, int& exit_code);
 void add_host_bench(CLI::App& bench, int& exit_code);
 // A float32 GEMM on one emulated IPU vs OpenBLAS cblas_sgemm; compile time of ResNet-50's layers.
 void add_matmul_bench(CLI::App& bench, int& exit_code);
+// One training step of a zoo model on one emulated IPU vs the same step in PyTorch (a child
+// process, scripts/bench_step_torch.py) on the same threads.
+void add_step_bench(CLI::App& bench, int& exit_code);
 
 }  // namespace ipupod::pod

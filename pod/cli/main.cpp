@@ -308,6 +308,7 @@ int main(int argc, char** argv) {
   ipupod::pod::add_allreduce_bench(*bench, bench_exit_code);
   ipupod::pod::add_host_bench(*bench, bench_exit_code);
   ipupod::pod::add_matmul_bench(*bench, bench_exit_code);
+  ipupod::pod::add_step_bench(*bench, bench_exit_code);
 
   try {
     std::vector<std::string> args(argv, argv + argc);
