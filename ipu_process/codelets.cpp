@@ -33,6 +33,15 @@ void CodeletRegistry::add(Codelet codelet) {
     if (std::find(codelet.fields.begin(), codelet.fields.end(), output) == codelet.fields.end())
       throw std::logic_error("codelet '" + name + "' lists output '" + output +
                              "', which is not one of its fields");
+  if (codelet.fields.size() > 32)
+    throw std::logic_error("codelet '" + name + "' has more than 32 fields");
+  for (const auto& f : codelet.sliced) {
+    const auto it = std::find(codelet.fields.begin(), codelet.fields.end(), f);
+    if (it == codelet.fields.end())
+      throw std::logic_error("codelet '" + name + "' slices '" + f +
+                             "', which is not one of its fields");
+    codelet.sliced_mask |= 1U << (it - codelet.fields.begin());
+  }
   if (by_index_.size() > UINT16_MAX)
     throw std::logic_error("codelet '" + name + "': more codelets than a vertex record names");
   codelet.index = static_cast<std::uint16_t>(by_index_.size());

@@ -66,7 +66,13 @@ struct Codelet {
   // what the codelet changed back to float16, as the AMP and vector units accumulate in
   // float32). A codelet that converts between the two itself sees their 16-bit storage.
   bool reads_float16_storage = false;
-  std::uint16_t index = 0;  // set by the registry: what a VertexRecord names it by
+  // Fields a vertex with several worker slices splits among them (see Vertex::slices); the
+  // others each slice sees whole. Empty: the codelet's vertices are one worker's work each.
+  std::vector<std::string> sliced = {};
+  // The parameters that differ from slice to slice (indices into the parameters).
+  std::vector<std::size_t> slice_params = {};
+  std::uint16_t index = 0;        // set by the registry: what a VertexRecord names it by
+  std::uint32_t sliced_mask = 0;  // set by the registry: bit f for field f in `sliced`
 };
 
 class CodeletRegistry {

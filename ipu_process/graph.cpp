@@ -525,15 +525,60 @@ void Graph::shrink_to_fit() {
     cs.field_ends.shrink_to_fit();
     cs.regions.shrink_to_fit();
     cs.params.shrink_to_fit();
+    cs.slice_cycles.shrink_to_fit();
   }
   compute_sets_.shrink_to_fit();
   variables_.shrink_to_fit();
 }
 
 ComputeSetId Graph::add_compute_set(std::string name) {
-  compute_sets_.push_back({std::move(name), {}, {}, {}, {}});
+  compute_sets_.push_back({std::move(name), {}, {}, {}, {}, {}});
   return static_cast<ComputeSetId>(compute_sets_.size() - 1);
 }
+
+namespace {
+// Appends to `out` the cycles of each worker slice of a vertex with several, each a vertex of
+// its own as the codelet's estimator sees it. Checks the slicing (see Vertex).
+template <class Where>
+void add_slice_cycles(const Codelet& codelet, const Vertex& vertex, const ArchPreset& arch,
+                      const Where& where, std::vector<std::uint32_t>& out) {
+  const std::size_t n = vertex.slices, p = codelet.slice_params.size();
+  if (codelet.sliced_mask == 0)
+    throw std::logic_error(where() + " has " + std::to_string(n) +
+                           " worker slices, but its codelet slices no field");
+  for (std::size_t f = 0; f < vertex.fields.size(); ++f)
+    if ((codelet.sliced_mask >> f & 1U) && vertex.fields[f].size() != n)
+      throw std::logic_error(where() + " has " + std::to_string(n) + " worker slices, but " +
+                             std::to_string(vertex.fields[f].size()) + " regions in field '" +
+                             codelet.fields[f] + "'");
+  if (vertex.params.size() < (n - 1) * p)
+    throw std::logic_error(where() + ": too few parameters for its slices");
+  const std::size_t base = vertex.params.size() - (n - 1) * p;
+  for (std::size_t i : codelet.slice_params)
+    if (i >= base) throw std::logic_error(where() + ": slice parameter out of range");
+  thread_local Vertex one;
+  one.codelet = vertex.codelet;
+  one.tile = vertex.tile;
+  one.fields.resize(vertex.fields.size());
+  for (std::size_t k = 0; k < n; ++k) {
+    for (std::size_t f = 0; f < vertex.fields.size(); ++f) {
+      if (codelet.sliced_mask >> f & 1U)
+        one.fields[f].assign(1, vertex.fields[f][k]);
+      else
+        one.fields[f] = vertex.fields[f];
+    }
+    one.params.assign(vertex.params.begin(),
+                      vertex.params.begin() + static_cast<std::ptrdiff_t>(base));
+    if (k > 0)
+      for (std::size_t j = 0; j < p; ++j)
+        one.params[codelet.slice_params[j]] = vertex.params[base + (k - 1) * p + j];
+    const std::uint64_t cycles = codelet.cycles(one, arch);
+    if (cycles > UINT32_MAX)
+      throw std::logic_error(where() + ": a worker slice of over 2^32 cycles; make it a vertex");
+    out.push_back(static_cast<std::uint32_t>(cycles));
+  }
+}
+}  // namespace
 
 void Graph::add_vertex(ComputeSetId cs_id, const Vertex& vertex) {
   ComputeSet& cs = compute_sets_.at(cs_id);
@@ -545,18 +590,24 @@ void Graph::add_vertex(ComputeSetId cs_id, const Vertex& vertex) {
   if (vertex.fields.size() != codelet.fields.size())
     throw std::logic_error(where() + " connects " + std::to_string(vertex.fields.size()) +
                            " fields, the codelet has " + std::to_string(codelet.fields.size()));
-  if (vertex.params.size() > UINT16_MAX || vertex.tile >= tiles())
-    throw std::logic_error(where() + " has " + std::to_string(vertex.params.size()) +
-                           " parameters on tile " + std::to_string(vertex.tile) +
-                           "; at most 65535 parameters, on a tile of the IPU");
+  if (vertex.tile >= tiles())
+    throw std::logic_error(where() + " is on tile " + std::to_string(vertex.tile) +
+                           ", not a tile of the IPU");
   VertexRecord record;
-  record.cycles = codelet.cycles(vertex, arch_);
+  if (vertex.slices <= 1) {
+    record.cycles = codelet.cycles(vertex, arch_);
+  } else {
+    if (vertex.slices > UINT32_MAX) throw std::logic_error(where() + ": too many worker slices");
+    record.cycles = cs.slice_cycles.size();
+    add_slice_cycles(codelet, vertex, arch_, where, cs.slice_cycles);
+    record.slices = static_cast<std::uint32_t>(vertex.slices);
+  }
   record.tile = vertex.tile;
   record.first_field = static_cast<std::uint32_t>(cs.field_ends.size());
   record.first_param = static_cast<std::uint32_t>(cs.params.size());
   record.codelet = codelet.index;
-  record.fields = static_cast<std::uint16_t>(vertex.fields.size());
-  record.params = static_cast<std::uint16_t>(vertex.params.size());
+  record.fields = static_cast<std::uint8_t>(vertex.fields.size());
+  record.params = static_cast<std::uint32_t>(vertex.params.size());
   std::size_t regions = 0;
   for (const auto& field : vertex.fields) regions += field.size();
   if (cs.regions.size() + regions > UINT32_MAX ||

@@ -134,11 +134,19 @@ struct Variable {
 // A vertex as an op library builds it: one codelet instance on one tile. Each field is a list
 // of regions (like Poplar's Vector<Input<Vector<T>>>); every region must live on the vertex's
 // tile. Graph::add_vertex packs it into its compute set's tables (VertexRecord below).
+//
+// A vertex of a codelet with sliced fields (Codelet::sliced) may do several workers' work, as
+// Poplar's MultiVertex does: with `slices` > 1 each sliced field holds `slices` regions, and
+// worker slice k sees region k of each sliced field, the other fields whole, and the
+// parameters with the codelet's slice parameters (Codelet::slice_params) set to slice k's
+// values, which follow the others in `params`: for k = 1 .. slices - 1, one value each. It costs
+// one record on the host, and each slice keeps the cycles of a vertex of its own.
 struct Vertex {
   std::string codelet;
   unsigned tile = 0;
   std::vector<std::vector<Tensor>> fields;  // in the codelet's field order
   std::vector<double> params;               // scalar parameters (sizes, flags, factors)
+  std::size_t slices = 1;                   // worker slices
 };
 
 // One region of a vertex field as the graph keeps it: elements [offset, offset + elements) of
@@ -153,13 +161,18 @@ struct FieldRegion {
 // a few tens of bytes; its fields' regions and its parameters live in the compute set's shared
 // tables, so a full-size model's millions of vertices allocate nothing each.
 struct VertexRecord {
-  std::uint64_t cycles = 0;  // its worker's busy cycles (the codelet's estimate)
+  // Its worker's busy cycles (the codelet's estimate); with several slices, where the slices'
+  // cycles start in ComputeSet::slice_cycles.
+  std::uint64_t cycles = 0;
   std::uint32_t tile = 0;
   std::uint32_t first_field = 0;  // its field f ends at ComputeSet::field_ends[first_field + f]
   std::uint32_t first_param = 0;  // into ComputeSet::params
-  std::uint16_t codelet = 0;      // the codelet's index in the registry (Codelet::index)
-  std::uint16_t fields = 0, params = 0;
+  std::uint32_t params = 0;
+  std::uint32_t slices = 1;   // worker slices (see Vertex)
+  std::uint16_t codelet = 0;  // the codelet's index in the registry (Codelet::index)
+  std::uint8_t fields = 0;
 };
+static_assert(sizeof(VertexRecord) == 32);
 
 struct ComputeSet {
   std::string name;
@@ -168,6 +181,11 @@ struct ComputeSet {
   std::vector<std::uint32_t> field_ends;
   std::vector<FieldRegion> regions;
   std::vector<double> params;
+  std::vector<std::uint32_t> slice_cycles;  // of the worker slices of vertices with several
+
+  std::uint64_t cycles_of(const VertexRecord& v, std::size_t slice) const {
+    return v.slices == 1 ? v.cycles : slice_cycles[v.cycles + slice];
+  }
 
   std::span<const FieldRegion> field(const VertexRecord& v, std::size_t f) const {
     const std::size_t k = v.first_field + f;

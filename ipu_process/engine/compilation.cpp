@@ -124,8 +124,8 @@ Engine::Node Engine::compile(const Program& p) {
       for (const VertexRecord& v : cs.vertices) {
         const Codelet& codelet = registry.at(v.codelet);
         CompiledComputeSet::VertexRuntime rt{
-            &codelet,      v.tile,   static_cast<std::uint32_t>(fields_so_far),
-            v.first_param, v.fields, v.params};
+            &codelet, v.tile,  static_cast<std::uint32_t>(fields_so_far), v.first_param, v.params,
+            v.slices, v.fields};
         for (std::size_t f = 0; f < v.fields; ++f) {
           for (const FieldRegion& field_region : cs.field(v, f)) {
             pieces.clear();
@@ -156,9 +156,12 @@ Engine::Node Engine::compile(const Program& p) {
         }
         if (tables) ccs->vertices.push_back(rt);
         fields_so_far += v.fields;
-        // Greedy: each vertex goes to the least-loaded of the tile's worker contexts.
+        // Greedy: each vertex (each worker slice of one) goes to the least-loaded of the tile's
+        // worker contexts.
         const auto loads = worker_loads.begin() + static_cast<std::ptrdiff_t>(v.tile * workers);
-        *std::min_element(loads, loads + static_cast<std::ptrdiff_t>(workers)) += v.cycles;
+        for (std::size_t k = 0; k < v.slices; ++k)
+          *std::min_element(loads, loads + static_cast<std::ptrdiff_t>(workers)) +=
+              cs.cycles_of(v, k);
         ++vi;
       }
       ccs->cycles =

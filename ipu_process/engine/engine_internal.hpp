@@ -2,6 +2,7 @@
 // engine includes this): compute sets with their vertices, exchanges, the tree of program nodes.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -20,7 +21,9 @@ struct Engine::CompiledComputeSet {
     std::uint32_t tile;
     std::uint32_t field_begin;  // into fields
     std::uint32_t param_begin;  // into params
-    std::uint16_t field_count, param_count;
+    std::uint32_t param_count;
+    std::uint32_t slices;  // worker slices (see Vertex)
+    std::uint16_t field_count;
     bool widens_float16 = false;  // has float16 regions and sees them as float32
   };
   std::vector<Region> regions;
@@ -42,14 +45,41 @@ struct Engine::CompiledComputeSet {
     const VertexRuntime& v = vertices[i];
     const auto vertex_fields = std::span(fields).subspan(v.field_begin, v.field_count);
     const auto vertex_params = std::span(params).subspan(v.param_begin, v.param_count);
-    if (v.widens_float16)
-      run_widened(v, vertex_fields, vertex_params, stores.rounding,
-                  counter_hash(counter_hash(stores.seed ^ counter_hash(run)) + i));
-    else
-      v.codelet->compute(VertexContext(vertex_fields, vertex_params));
+    const std::uint64_t key = counter_hash(counter_hash(stores.seed ^ counter_hash(run)) + i);
+    if (v.slices == 1) {
+      run_slice(v, vertex_fields, vertex_params, stores.rounding, key);
+      return;
+    }
+    // A MultiVertex: worker slice k sees region k of each sliced field and its own values of
+    // the slice parameters (see Vertex).
+    thread_local std::vector<std::span<const Region>> slice_fields;
+    thread_local std::vector<double> slice_params;
+    const Codelet& codelet = *v.codelet;
+    const std::size_t p = codelet.slice_params.size();
+    const std::size_t base = vertex_params.size() - (v.slices - 1) * p;
+    slice_params.assign(vertex_params.begin(),
+                        vertex_params.begin() + static_cast<std::ptrdiff_t>(base));
+    slice_fields.assign(vertex_fields.begin(), vertex_fields.end());
+    for (std::size_t k = 0; k < v.slices; ++k) {
+      for (std::size_t f = 0; f < vertex_fields.size(); ++f)
+        if (codelet.sliced_mask >> f & 1U) slice_fields[f] = vertex_fields[f].subspan(k, 1);
+      if (k > 0)
+        for (std::size_t j = 0; j < p; ++j)
+          slice_params[codelet.slice_params[j]] = vertex_params[base + (k - 1) * p + j];
+      run_slice(v, slice_fields, slice_params, stores.rounding,
+                k == 0 ? key : counter_hash(key + k));
+    }
   }
 
  private:
+  static void run_slice(const VertexRuntime& v, std::span<const std::span<const Region>> fields,
+                        std::span<const double> params, Rounding rounding, std::uint64_t key) {
+    if (v.widens_float16)
+      run_widened(v, fields, params, rounding, key);
+    else
+      v.codelet->compute(VertexContext(fields, params));
+  }
+
   // Gives the codelet float32 copies of its float16 regions, then stores back, rounded, each
   // element the codelet changed (untouched inputs are never written, so vertices that share an
   // input on a tile do not race).

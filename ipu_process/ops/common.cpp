@@ -2,6 +2,8 @@
 #include "ipu_process/ops/common.hpp"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 namespace ipupod::ipu::ops {
 
@@ -27,17 +29,58 @@ Tensor rearrange_like(Graph& graph, Program& prog, const Tensor& src, const Tens
   return out;
 }
 
+namespace {
+// The elements of each of the pieces of an interval of n elements.
+std::size_t piece_elements(const Graph& graph, std::size_t n, std::size_t min_elements) {
+  const std::size_t pieces = std::clamp<std::size_t>(n / std::max<std::size_t>(min_elements, 1), 1,
+                                                     graph.arch().workers_per_tile);
+  return (n + pieces - 1) / pieces;
+}
+}  // namespace
+
 void for_each_worker_piece(const Graph& graph, const Tensor& t, std::size_t min_elements,
                            const std::function<void(unsigned, std::size_t, std::size_t)>& fn) {
-  const std::size_t workers = graph.arch().workers_per_tile;
   for (const auto& iv : graph.tile_mapping(t)) {
-    const std::size_t n = iv.end - iv.begin;
-    const std::size_t pieces =
-        std::clamp<std::size_t>(n / std::max<std::size_t>(min_elements, 1), 1, workers);
-    const std::size_t per = (n + pieces - 1) / pieces;
+    const std::size_t per = piece_elements(graph, iv.end - iv.begin, min_elements);
     for (std::size_t b = iv.begin; b < iv.end; b += per)
       fn(iv.tile, b, std::min<std::size_t>(iv.end, b + per));
   }
+}
+
+void for_each_tile_pieces(const Graph& graph, const Tensor& t, std::size_t min_elements,
+                          const std::function<void(unsigned, const Pieces&)>& fn) {
+  auto mapping = graph.tile_mapping(t);
+  std::stable_sort(mapping.begin(), mapping.end(),
+                   [](const TileInterval& a, const TileInterval& b) { return a.tile < b.tile; });
+  Pieces pieces;
+  for (std::size_t i = 0; i < mapping.size();) {
+    const unsigned tile = mapping[i].tile;
+    pieces.clear();
+    for (; i < mapping.size() && mapping[i].tile == tile; ++i) {
+      const auto& iv = mapping[i];
+      const std::size_t per = piece_elements(graph, iv.end - iv.begin, min_elements);
+      for (std::size_t b = iv.begin; b < iv.end; b += per)
+        pieces.emplace_back(b, std::min<std::size_t>(iv.end, b + per));
+    }
+    fn(tile, pieces);
+  }
+}
+
+void add_elementwise_vertices(Graph& graph, ComputeSetId cs, const std::string& codelet,
+                              const std::vector<Tensor>& operands, const Tensor& layout,
+                              std::size_t min_elements, const std::vector<double>& params) {
+  std::vector<Tensor> flat;
+  for (const Tensor& t : operands) flat.push_back(t.flatten());
+  Vertex v{codelet, 0, std::vector<std::vector<Tensor>>(operands.size()), params};
+  for_each_tile_pieces(graph, layout, min_elements, [&](unsigned tile, const Pieces& pieces) {
+    v.tile = tile;
+    v.slices = pieces.size();
+    for (std::size_t f = 0; f < flat.size(); ++f) {
+      v.fields[f].clear();
+      for (const auto& [b, e] : pieces) v.fields[f].push_back(flat[f].slice(b, e));
+    }
+    graph.add_vertex(cs, v);
+  });
 }
 
 void for_each_row_block(const Graph& graph, std::size_t rows,

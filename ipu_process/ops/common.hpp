@@ -48,6 +48,17 @@ Tensor rearrange_like(Graph& graph, Program& prog, const Tensor& src, const Tens
 // each tile's share cut into at most workers_per_tile pieces of at least min_elements.
 void for_each_worker_piece(const Graph& graph, const Tensor& t, std::size_t min_elements,
                            const std::function<void(unsigned, std::size_t, std::size_t)>& fn);
+// The same pieces, a tile at a time: calls fn(tile, pieces) once per tile holding part of t,
+// with that tile's pieces in element order (for one vertex with a worker slice per piece, see
+// Vertex::slices). The tiles come in no particular order.
+using Pieces = std::vector<std::pair<std::size_t, std::size_t>>;
+void for_each_tile_pieces(const Graph& graph, const Tensor& t, std::size_t min_elements,
+                          const std::function<void(unsigned, const Pieces&)>& fn);
+// One vertex of `codelet` per tile of `layout`, a worker slice per worker piece, connecting the
+// same element range of every operand (flattened) in field order, with parameters `params`.
+void add_elementwise_vertices(Graph& graph, ComputeSetId cs, const std::string& codelet,
+                              const std::vector<Tensor>& operands, const Tensor& layout,
+                              std::size_t min_elements, const std::vector<double>& params = {});
 // Rows [0, rows) spread over tiles in contiguous blocks: calls fn(tile, row_begin, row_end).
 void for_each_row_block(const Graph& graph, std::size_t rows,
                         const std::function<void(unsigned, std::size_t, std::size_t)>& fn);

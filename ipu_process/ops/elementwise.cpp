@@ -26,7 +26,9 @@ void register_elementwise_codelets(CodeletRegistry& r) {
            for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i] > 0.f ? in[i] : 0.f;
          },
          [](const Vertex& v, const ArchPreset& a) { return first_field_vector_cycles(v, a, 1); },
-         {"out"}});
+         {"out"},
+         false,
+         {"in", "out"}});
   r.add({"ReluGrad",
          "dx = y > 0 ? dy : 0",
          {"dy", "y", "dx"},
@@ -37,7 +39,9 @@ void register_elementwise_codelets(CodeletRegistry& r) {
            for (std::size_t i = 0; i < dy.size(); ++i) dx[i] = y[i] > 0.f ? dy[i] : 0.f;
          },
          [](const Vertex& v, const ArchPreset& a) { return first_field_vector_cycles(v, a, 2); },
-         {"dx"}});
+         {"dx"},
+         false,
+         {"dy", "y", "dx"}});
   r.add({"Add",
          "out = a + b",
          {"a", "b", "out"},
@@ -48,7 +52,9 @@ void register_elementwise_codelets(CodeletRegistry& r) {
            for (std::size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
          },
          [](const Vertex& v, const ArchPreset& a) { return first_field_vector_cycles(v, a, 1); },
-         {"out"}});
+         {"out"},
+         false,
+         {"a", "b", "out"}});
   r.add({"AddBias",
          "out = x + bias[column]; params: row width n, column of x's first element",
          {"x", "bias", "out"},
@@ -74,7 +80,10 @@ void register_elementwise_codelets(CodeletRegistry& r) {
            const float f = static_cast<float>(c.param(0));
            for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += f * g[i];
          },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_vector_cycles(v, a, 1); }});
+         [](const Vertex& v, const ArchPreset& a) { return first_field_vector_cycles(v, a, 1); },
+         {},
+         false,
+         {"acc", "g"}});
   r.add({"Zero",
          "out = 0",
          {"out"},
@@ -83,6 +92,8 @@ void register_elementwise_codelets(CodeletRegistry& r) {
            std::fill(out.begin(), out.end(), 0.f);
          },
          [](const Vertex& v, const ArchPreset& a) { return first_field_vector_cycles(v, a, 1); },
+         {"out"},
+         false,
          {"out"}});
 }
 
@@ -96,16 +107,11 @@ void check_same_shape(const Tensor& a, const Tensor& b, const std::string& name)
                                 " vs " + std::to_string(b.elements()) + " elements)");
 }
 
-// One vertex per worker piece of `out`, connecting the same element range of every operand.
+// One vertex per tile of `layout`, a worker slice per worker piece, connecting the same element
+// range of every operand.
 void map_pieces(Graph& graph, ComputeSetId cs, const std::string& codelet,
                 const std::vector<Tensor>& operands, const Tensor& layout) {
-  for_each_worker_piece(graph, layout, kMinElementsPerWorker,
-                        [&](unsigned tile, std::size_t b, std::size_t e) {
-                          Vertex v{codelet, tile, {}, {}};
-                          for (const auto& t : operands)
-                            v.fields.push_back({t.flatten().slice(b, e)});
-                          graph.add_vertex(cs, std::move(v));
-                        });
+  add_elementwise_vertices(graph, cs, codelet, operands, layout, kMinElementsPerWorker);
 }
 }  // namespace
 
@@ -175,14 +181,8 @@ void scaled_add_in_place(Graph& graph, Program& prog, const Tensor& acc, const T
   check_same_shape(acc, g, name);
   Tensor g_local = rearrange_like(graph, prog, g, acc, name + "/g");
   ComputeSetId cs = graph.add_compute_set(name);
-  const Tensor af = acc.flatten(), gf = g_local.flatten();
-  for_each_worker_piece(graph, acc, kMinElementsPerWorker,
-                        [&](unsigned tile, std::size_t b, std::size_t e) {
-                          graph.add_vertex(cs, {"ScaledAddInPlace",
-                                                tile,
-                                                {{af.slice(b, e)}, {gf.slice(b, e)}},
-                                                {static_cast<double>(factor)}});
-                        });
+  add_elementwise_vertices(graph, cs, "ScaledAddInPlace", {acc, g_local}, acc,
+                           kMinElementsPerWorker, {static_cast<double>(factor)});
   prog.add(Program::execute(cs));
 }
 

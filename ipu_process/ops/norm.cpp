@@ -18,105 +18,111 @@ std::uint64_t first_field_cycles(const Vertex& v, const ArchPreset& a, std::size
 }  // namespace
 
 void register_norm_codelets(CodeletRegistry& r) {
-  r.add({"NormPartialSum",
-         "partial[w] = sum of x over the piece's elements in set w of its window",
-         {"x", "partial"},
-         [](const VertexContext& c) {
-           auto x = c.region<const float>(0);
-           auto part = c.region<float>(1);
-           std::fill(part.begin(), part.end(), 0.f);
-           ops::for_each_set_run(c, x.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
-             for (std::size_t i = i0; i < i1; ++i) part[w] += x[i];
-           });
-         },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 1); },
-         {"partial"}});
-  r.add({"NormPartialSquaredDeviation",
-         "partial[w] = sum of (x - mean[w])^2 over the piece's elements in set w",
-         {"x", "mean", "partial"},
-         [](const VertexContext& c) {
-           auto x = c.region<const float>(0);
-           auto mean = c.region<const float>(1);
-           auto part = c.region<float>(2);
-           std::fill(part.begin(), part.end(), 0.f);
-           ops::for_each_set_run(c, x.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
-             for (std::size_t i = i0; i < i1; ++i) {
-               const float d = x[i] - mean[w];
-               part[w] += d * d;
-             }
-           });
-         },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 2); },
-         {"partial"}});
-  r.add({"NormApply",
-         "out = (x - mean[w]) * inv_std[w]",
-         {"x", "mean", "inv_std", "out"},
-         [](const VertexContext& c) {
-           auto x = c.region<const float>(0);
-           auto mean = c.region<const float>(1);
-           auto inv = c.region<const float>(2);
-           auto out = c.region<float>(3);
-           ops::for_each_set_run(c, x.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
-             for (std::size_t i = i0; i < i1; ++i) out[i] = (x[i] - mean[w]) * inv[w];
-           });
-         },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 2); },
-         {"out"}});
-  r.add({"NormGradPartial",
-         "partial[w] = (sum of dy, sum of dy * (x - mean[w]) * inv_std[w]) over set w",
-         {"dy", "x", "mean", "inv_std", "partial"},
-         [](const VertexContext& c) {
-           auto dy = c.region<const float>(0);
-           auto x = c.region<const float>(1);
-           auto mean = c.region<const float>(2);
-           auto inv = c.region<const float>(3);
-           auto part = c.region<float>(4);
-           std::fill(part.begin(), part.end(), 0.f);
-           ops::for_each_set_run(c, x.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
-             for (std::size_t i = i0; i < i1; ++i) {
-               part[2 * w] += dy[i];
-               part[2 * w + 1] += dy[i] * (x[i] - mean[w]) * inv[w];
-             }
-           });
-         },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 4); },
-         {"partial"}});
-  r.add({"NormGradApply",
-         "dx = inv_std[w] * (dy - mean_dy[w] - xhat * mean_dy_xhat[w]), xhat = (x - mean[w]) * "
-         "inv_std[w]; means interleaved in one window",
-         {"dy", "x", "mean", "inv_std", "means", "dx"},
-         [](const VertexContext& c) {
-           auto dy = c.region<const float>(0);
-           auto x = c.region<const float>(1);
-           auto mean = c.region<const float>(2);
-           auto inv = c.region<const float>(3);
-           auto means = c.region<const float>(4);
-           auto dx = c.region<float>(5);
-           ops::for_each_set_run(c, x.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
-             for (std::size_t i = i0; i < i1; ++i) {
-               const float xhat = (x[i] - mean[w]) * inv[w];
-               dx[i] = inv[w] * (dy[i] - means[2 * w] - xhat * means[2 * w + 1]);
-             }
-           });
-         },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 5); },
-         {"dx"}});
-  r.add({"BatchNormInferenceApply",
-         "out = (x - mean[w]) / sqrt(var[w] + eps); param after the set walk: eps",
-         {"x", "mean", "var", "out"},
-         [](const VertexContext& c) {
-           auto x = c.region<const float>(0);
-           auto mean = c.region<const float>(1);
-           auto var = c.region<const float>(2);
-           auto out = c.region<float>(3);
-           const float eps = static_cast<float>(c.param(4));
-           ops::for_each_set_run(c, x.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
-             const float inv = 1.f / std::sqrt(var[w] + eps);
-             for (std::size_t i = i0; i < i1; ++i) out[i] = (x[i] - mean[w]) * inv;
-           });
-         },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 2); },
-         {"out"}});
+  r.add(ops::set_piece_codelet(
+      {"NormPartialSum",
+       "partial[w] = sum of x over the piece's elements in set w of its window",
+       {"x", "partial"},
+       [](const VertexContext& c) {
+         auto x = c.region<const float>(0);
+         auto part = c.region<float>(1);
+         std::fill(part.begin(), part.end(), 0.f);
+         ops::for_each_set_run(c, x.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
+           for (std::size_t i = i0; i < i1; ++i) part[w] += x[i];
+         });
+       },
+       [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 1); },
+       {"partial"}}));
+  r.add(ops::set_piece_codelet(
+      {"NormPartialSquaredDeviation",
+       "partial[w] = sum of (x - mean[w])^2 over the piece's elements in set w",
+       {"x", "mean", "partial"},
+       [](const VertexContext& c) {
+         auto x = c.region<const float>(0);
+         auto mean = c.region<const float>(1);
+         auto part = c.region<float>(2);
+         std::fill(part.begin(), part.end(), 0.f);
+         ops::for_each_set_run(c, x.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
+           for (std::size_t i = i0; i < i1; ++i) {
+             const float d = x[i] - mean[w];
+             part[w] += d * d;
+           }
+         });
+       },
+       [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 2); },
+       {"partial"}}));
+  r.add(ops::set_piece_codelet(
+      {"NormApply",
+       "out = (x - mean[w]) * inv_std[w]",
+       {"x", "mean", "inv_std", "out"},
+       [](const VertexContext& c) {
+         auto x = c.region<const float>(0);
+         auto mean = c.region<const float>(1);
+         auto inv = c.region<const float>(2);
+         auto out = c.region<float>(3);
+         ops::for_each_set_run(c, x.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
+           for (std::size_t i = i0; i < i1; ++i) out[i] = (x[i] - mean[w]) * inv[w];
+         });
+       },
+       [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 2); },
+       {"out"}}));
+  r.add(ops::set_piece_codelet(
+      {"NormGradPartial",
+       "partial[w] = (sum of dy, sum of dy * (x - mean[w]) * inv_std[w]) over set w",
+       {"dy", "x", "mean", "inv_std", "partial"},
+       [](const VertexContext& c) {
+         auto dy = c.region<const float>(0);
+         auto x = c.region<const float>(1);
+         auto mean = c.region<const float>(2);
+         auto inv = c.region<const float>(3);
+         auto part = c.region<float>(4);
+         std::fill(part.begin(), part.end(), 0.f);
+         ops::for_each_set_run(c, x.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
+           for (std::size_t i = i0; i < i1; ++i) {
+             part[2 * w] += dy[i];
+             part[2 * w + 1] += dy[i] * (x[i] - mean[w]) * inv[w];
+           }
+         });
+       },
+       [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 4); },
+       {"partial"}}));
+  r.add(ops::set_piece_codelet(
+      {"NormGradApply",
+       "dx = inv_std[w] * (dy - mean_dy[w] - xhat * mean_dy_xhat[w]), xhat = (x - mean[w]) * "
+       "inv_std[w]; means interleaved in one window",
+       {"dy", "x", "mean", "inv_std", "means", "dx"},
+       [](const VertexContext& c) {
+         auto dy = c.region<const float>(0);
+         auto x = c.region<const float>(1);
+         auto mean = c.region<const float>(2);
+         auto inv = c.region<const float>(3);
+         auto means = c.region<const float>(4);
+         auto dx = c.region<float>(5);
+         ops::for_each_set_run(c, x.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
+           for (std::size_t i = i0; i < i1; ++i) {
+             const float xhat = (x[i] - mean[w]) * inv[w];
+             dx[i] = inv[w] * (dy[i] - means[2 * w] - xhat * means[2 * w + 1]);
+           }
+         });
+       },
+       [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 5); },
+       {"dx"}}));
+  r.add(ops::set_piece_codelet(
+      {"BatchNormInferenceApply",
+       "out = (x - mean[w]) / sqrt(var[w] + eps); param after the set walk: eps",
+       {"x", "mean", "var", "out"},
+       [](const VertexContext& c) {
+         auto x = c.region<const float>(0);
+         auto mean = c.region<const float>(1);
+         auto var = c.region<const float>(2);
+         auto out = c.region<float>(3);
+         const float eps = static_cast<float>(c.param(4));
+         ops::for_each_set_run(c, x.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
+           const float inv = 1.f / std::sqrt(var[w] + eps);
+           for (std::size_t i = i0; i < i1; ++i) out[i] = (x[i] - mean[w]) * inv;
+         });
+       },
+       [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 2); },
+       {"out"}}));
   r.add({"MovingAverageInPlace",
          "running = (1 - momentum) * running + momentum * batch; param: momentum",
          {"running", "batch"},

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <stdexcept>
 #include <tuple>
 
@@ -169,16 +170,9 @@ Tensor SetPlan::reduce(Program& prog, const std::string& codelet, std::size_t k,
   ComputeSetId partial_cs = graph_.add_compute_set(name + "/partials");
   std::vector<Tensor> partials;
   TilePieces partial_pieces(graph_, DType::f32, name + "/partial");
-  for (std::size_t i = 0; i < pieces_.size(); ++i) {
-    const SetPiece& p = pieces_[i];
-    Tensor part = partial_pieces.add(p.tile, {(p.hi - p.lo) * k});
-    partials.push_back(part);
-    Vertex v{codelet, p.tile, {}, piece_params(p, extra_params)};
-    for (const Tensor& t : operands) v.fields.push_back({t.flatten().slice(p.begin, p.end)});
-    for (const Tensor& w : wins[i]) v.fields.push_back({w});
-    v.fields.push_back({part});
-    graph_.add_vertex(partial_cs, std::move(v));
-  }
+  for (const SetPiece& p : pieces_)
+    partials.push_back(partial_pieces.add(p.tile, {(p.hi - p.lo) * k}));
+  add_piece_vertices(partial_cs, codelet, operands, wins, partials, extra_params);
   prog.add(Program::execute(partial_cs));
 
   // Reduction: each reducer run receives the overlapping slices of every partial, in piece order.
@@ -223,15 +217,50 @@ void SetPlan::apply(Program& prog, const std::string& codelet, const std::vector
                     const std::vector<double>& extra_params) {
   const auto wins = windows(prog, stats, stats_k, name);
   ComputeSetId cs = graph_.add_compute_set(name);
-  for (std::size_t i = 0; i < pieces_.size(); ++i) {
-    const SetPiece& p = pieces_[i];
-    Vertex v{codelet, p.tile, {}, piece_params(p, extra_params)};
-    for (const Tensor& t : operands) v.fields.push_back({t.flatten().slice(p.begin, p.end)});
-    for (const Tensor& w : wins[i]) v.fields.push_back({w});
-    v.fields.push_back({out.flatten().slice(p.begin, p.end)});
-    graph_.add_vertex(cs, std::move(v));
-  }
+  std::vector<Tensor> outs;
+  const Tensor flat_out = out.flatten();
+  for (const SetPiece& p : pieces_) outs.push_back(flat_out.slice(p.begin, p.end));
+  add_piece_vertices(cs, codelet, operands, wins, outs, extra_params);
   prog.add(Program::execute(cs));
+}
+
+void SetPlan::add_piece_vertices(ComputeSetId cs, const std::string& codelet,
+                                 const std::vector<Tensor>& operands,
+                                 const std::vector<std::vector<Tensor>>& wins,
+                                 const std::vector<Tensor>& last_field,
+                                 const std::vector<double>& extra_params) {
+  // Per tile, its pieces in element order: one vertex, a worker slice each.
+  std::vector<std::size_t> order(pieces_.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return pieces_[a].tile < pieces_[b].tile; });
+  std::vector<Tensor> flat;
+  for (const Tensor& t : operands) flat.push_back(t.flatten());
+  Vertex v{codelet, 0, {}, {}};
+  for (std::size_t first = 0; first < order.size();) {
+    const unsigned tile = pieces_[order[first]].tile;
+    std::size_t last = first + 1;
+    while (last < order.size() && pieces_[order[last]].tile == tile) ++last;
+    v.tile = tile;
+    v.slices = last - first;
+    v.fields.assign(flat.size() + wins[order[first]].size() + 1, {});
+    for (std::size_t j = first; j < last; ++j) {
+      const std::size_t i = order[j];
+      const SetPiece& p = pieces_[i];
+      std::size_t f = 0;
+      for (const Tensor& t : flat) v.fields[f++].push_back(t.slice(p.begin, p.end));
+      for (const Tensor& w : wins[i]) v.fields[f++].push_back(w);
+      v.fields[f].push_back(last_field[i]);
+      if (j == first) {
+        v.params = piece_params(p, extra_params);
+      } else {  // this slice's first element and window (set_piece_codelet's slice parameters)
+        v.params.push_back(static_cast<double>(p.begin));
+        v.params.push_back(static_cast<double>(p.lo));
+      }
+    }
+    graph_.add_vertex(cs, v);
+    first = last;
+  }
 }
 
 }  // namespace ops

@@ -73,6 +73,13 @@ class SetPlan {
                                            const std::vector<std::size_t>& stats_k,
                                            const std::string& name);
   std::vector<double> piece_params(const SetPiece& p, const std::vector<double>& extra) const;
+  // Adds the pieces' vertices to cs: piece i connects the operands sliced to it, its windows
+  // wins[i] and last_field[i].
+  void add_piece_vertices(ComputeSetId cs, const std::string& codelet,
+                          const std::vector<Tensor>& operands,
+                          const std::vector<std::vector<Tensor>>& wins,
+                          const std::vector<Tensor>& last_field,
+                          const std::vector<double>& extra_params);
 
   Graph& graph_;
   Tensor x_;
@@ -85,6 +92,15 @@ class SetPlan {
   };
   std::vector<ReducerRun> reducers_;
 };
+
+// A partial or apply codelet as SetPlan connects it: one vertex per tile, a worker slice per
+// piece, whose every field is sliced, with the piece's first element and window as slice
+// parameters (see Vertex::slices).
+inline Codelet set_piece_codelet(Codelet codelet) {
+  codelet.sliced = codelet.fields;
+  codelet.slice_params = {0, 3};
+  return codelet;
+}
 
 // Inside a partial or apply codelet: walks the piece's n elements in stretches that stay in
 // one set, calling fn(w, i0, i1) with w the set's index in the piece's window.

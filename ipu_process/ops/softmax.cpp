@@ -21,74 +21,79 @@ std::uint64_t first_field_cycles(const Vertex& v, const ArchPreset& a, std::size
 }  // namespace
 
 void register_softmax_codelets(CodeletRegistry& r) {
-  r.add({"SoftmaxPartialMax",
-         "partial[w] = max of x over the piece's elements in set w of its window",
-         {"x", "partial"},
-         [](const VertexContext& c) {
-           auto x = c.region<const float>(0);
-           auto part = c.region<float>(1);
-           std::fill(part.begin(), part.end(), -std::numeric_limits<float>::infinity());
-           ops::for_each_set_run(c, x.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
-             for (std::size_t i = i0; i < i1; ++i) part[w] = std::max(part[w], x[i]);
-           });
-         },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 1); }});
-  r.add({"SoftmaxPartialExpSum",
-         "partial[w] = sum of exp(x - max[w]) over the piece's elements in set w",
-         {"x", "max", "partial"},
-         [](const VertexContext& c) {
-           auto x = c.region<const float>(0);
-           auto mx = c.region<const float>(1);
-           auto part = c.region<float>(2);
-           std::fill(part.begin(), part.end(), 0.f);
-           ops::for_each_set_run(c, x.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
-             for (std::size_t i = i0; i < i1; ++i) part[w] += std::exp(x[i] - mx[w]);
-           });
-         },
-         [](const Vertex& v, const ArchPreset& a) {
-           return first_field_cycles(v, a, kExpInstructions + 1);
-         }});
-  r.add({"SoftmaxApply",
-         "y = exp(x - max[w]) / sum[w]",
-         {"x", "max", "sum", "y"},
-         [](const VertexContext& c) {
-           auto x = c.region<const float>(0);
-           auto mx = c.region<const float>(1);
-           auto sum = c.region<const float>(2);
-           auto y = c.region<float>(3);
-           ops::for_each_set_run(c, x.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
-             for (std::size_t i = i0; i < i1; ++i) y[i] = std::exp(x[i] - mx[w]) / sum[w];
-           });
-         },
-         [](const Vertex& v, const ArchPreset& a) {
-           return first_field_cycles(v, a, kExpInstructions + 2);
-         }});
-  r.add({"SoftmaxGradPartialDot",
-         "partial[w] = sum of dy * y over the piece's elements in set w",
-         {"dy", "y", "partial"},
-         [](const VertexContext& c) {
-           auto dy = c.region<const float>(0);
-           auto y = c.region<const float>(1);
-           auto part = c.region<float>(2);
-           std::fill(part.begin(), part.end(), 0.f);
-           ops::for_each_set_run(c, dy.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
-             for (std::size_t i = i0; i < i1; ++i) part[w] += dy[i] * y[i];
-           });
-         },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 1); }});
-  r.add({"SoftmaxGradApply",
-         "dx = y * (dy - dot[w])",
-         {"dy", "y", "dot", "dx"},
-         [](const VertexContext& c) {
-           auto dy = c.region<const float>(0);
-           auto y = c.region<const float>(1);
-           auto dot = c.region<const float>(2);
-           auto dx = c.region<float>(3);
-           ops::for_each_set_run(c, dy.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
-             for (std::size_t i = i0; i < i1; ++i) dx[i] = y[i] * (dy[i] - dot[w]);
-           });
-         },
-         [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 2); }});
+  r.add(ops::set_piece_codelet(
+      {"SoftmaxPartialMax",
+       "partial[w] = max of x over the piece's elements in set w of its window",
+       {"x", "partial"},
+       [](const VertexContext& c) {
+         auto x = c.region<const float>(0);
+         auto part = c.region<float>(1);
+         std::fill(part.begin(), part.end(), -std::numeric_limits<float>::infinity());
+         ops::for_each_set_run(c, x.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
+           for (std::size_t i = i0; i < i1; ++i) part[w] = std::max(part[w], x[i]);
+         });
+       },
+       [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 1); }}));
+  r.add(ops::set_piece_codelet(
+      {"SoftmaxPartialExpSum",
+       "partial[w] = sum of exp(x - max[w]) over the piece's elements in set w",
+       {"x", "max", "partial"},
+       [](const VertexContext& c) {
+         auto x = c.region<const float>(0);
+         auto mx = c.region<const float>(1);
+         auto part = c.region<float>(2);
+         std::fill(part.begin(), part.end(), 0.f);
+         ops::for_each_set_run(c, x.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
+           for (std::size_t i = i0; i < i1; ++i) part[w] += std::exp(x[i] - mx[w]);
+         });
+       },
+       [](const Vertex& v, const ArchPreset& a) {
+         return first_field_cycles(v, a, kExpInstructions + 1);
+       }}));
+  r.add(ops::set_piece_codelet(
+      {"SoftmaxApply",
+       "y = exp(x - max[w]) / sum[w]",
+       {"x", "max", "sum", "y"},
+       [](const VertexContext& c) {
+         auto x = c.region<const float>(0);
+         auto mx = c.region<const float>(1);
+         auto sum = c.region<const float>(2);
+         auto y = c.region<float>(3);
+         ops::for_each_set_run(c, x.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
+           for (std::size_t i = i0; i < i1; ++i) y[i] = std::exp(x[i] - mx[w]) / sum[w];
+         });
+       },
+       [](const Vertex& v, const ArchPreset& a) {
+         return first_field_cycles(v, a, kExpInstructions + 2);
+       }}));
+  r.add(ops::set_piece_codelet(
+      {"SoftmaxGradPartialDot",
+       "partial[w] = sum of dy * y over the piece's elements in set w",
+       {"dy", "y", "partial"},
+       [](const VertexContext& c) {
+         auto dy = c.region<const float>(0);
+         auto y = c.region<const float>(1);
+         auto part = c.region<float>(2);
+         std::fill(part.begin(), part.end(), 0.f);
+         ops::for_each_set_run(c, dy.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
+           for (std::size_t i = i0; i < i1; ++i) part[w] += dy[i] * y[i];
+         });
+       },
+       [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 1); }}));
+  r.add(ops::set_piece_codelet(
+      {"SoftmaxGradApply",
+       "dx = y * (dy - dot[w])",
+       {"dy", "y", "dot", "dx"},
+       [](const VertexContext& c) {
+         auto dy = c.region<const float>(0);
+         auto y = c.region<const float>(1);
+         auto dot = c.region<const float>(2);
+         auto dx = c.region<float>(3);
+         ops::for_each_set_run(c, dy.size(), [&](std::size_t w, std::size_t i0, std::size_t i1) {
+           for (std::size_t i = i0; i < i1; ++i) dx[i] = y[i] * (dy[i] - dot[w]);
+         });
+       },
+       [](const Vertex& v, const ArchPreset& a) { return first_field_cycles(v, a, 2); }}));
 }
 
 namespace ops {

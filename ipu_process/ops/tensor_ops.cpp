@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <stdexcept>
 
@@ -179,25 +180,52 @@ void add_map_affine(Graph& graph, ComputeSetId cs, std::vector<std::pair<Tensor,
     return std::pair{ranges[k].first, local.at({tile, i})[k]};
   };
   const Tensor flat_out = out.flatten();
-  for (const auto& piece : pieces) {
-    Vertex v{ins.size() == 1 ? "MapAffine" : "MapAffineBinary", piece.tile, {}, {}};
-    v.params = {static_cast<double>(op),
-                scale,
-                static_cast<double>(ins.size()),
-                static_cast<double>(shape.size()),
-                static_cast<double>(piece.b),
-                static_cast<double>(window.axis < shape.size() ? window.axis : shape.size()),
-                static_cast<double>(window.begin),
-                static_cast<double>(window.end)};
-    for (std::size_t d : shape) v.params.push_back(static_cast<double>(d));
-    for (std::size_t i = 0; i < ins.size(); ++i) {
-      const auto [first, tensor] = span_of(piece.tile, i, piece.ranges[i]);
-      v.fields.push_back({tensor});
-      v.params.push_back(static_cast<double>(ins[i].offset - first));
-      for (Index s : ins[i].strides) v.params.push_back(static_cast<double>(s));
+  // One vertex per tile, a worker slice per piece in element order (see Vertex::slices): the
+  // piece begin and the operands' offsets into their spans vary by slice.
+  std::vector<std::size_t> order(pieces.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return pieces[a].tile < pieces[b].tile; });
+  Vertex v{ins.size() == 1 ? "MapAffine" : "MapAffineBinary", 0, {}, {}};
+  for (std::size_t first = 0; first < order.size();) {
+    const unsigned tile = pieces[order[first]].tile;
+    std::size_t last = first + 1;
+    while (last < order.size() && pieces[order[last]].tile == tile) ++last;
+    v.tile = tile;
+    v.slices = last - first;
+    v.fields.assign(ins.size() + 1, {});
+    v.params.clear();
+    for (std::size_t k = first; k < last; ++k) {
+      const Piece& piece = pieces[order[k]];
+      Index offsets[2] = {0, 0};
+      for (std::size_t i = 0; i < ins.size(); ++i) {
+        const auto [begin, tensor] = span_of(tile, i, piece.ranges[i]);
+        v.fields[i].push_back(tensor);
+        offsets[i] = ins[i].offset - begin;
+      }
+      v.fields[ins.size()].push_back(flat_out.slice(piece.b, piece.e));
+      if (k == first) {
+        v.params = {static_cast<double>(op),
+                    scale,
+                    static_cast<double>(ins.size()),
+                    static_cast<double>(shape.size()),
+                    static_cast<double>(piece.b),
+                    static_cast<double>(window.axis < shape.size() ? window.axis : shape.size()),
+                    static_cast<double>(window.begin),
+                    static_cast<double>(window.end),
+                    static_cast<double>(offsets[0]),
+                    static_cast<double>(offsets[1])};
+        for (std::size_t d : shape) v.params.push_back(static_cast<double>(d));
+        for (std::size_t i = 0; i < ins.size(); ++i)
+          for (Index s : ins[i].strides) v.params.push_back(static_cast<double>(s));
+      } else {  // this slice's piece begin and offsets (Codelet::slice_params)
+        v.params.push_back(static_cast<double>(piece.b));
+        for (std::size_t i = 0; i < (ins.size() == 1 ? 1 : 2); ++i)
+          v.params.push_back(static_cast<double>(offsets[i]));
+      }
     }
-    v.fields.push_back({flat_out.slice(piece.b, piece.e)});
-    graph.add_vertex(cs, std::move(v));
+    graph.add_vertex(cs, v);
+    first = last;
   }
 }
 
@@ -231,14 +259,8 @@ Tensor unary(Graph& graph, Program& prog, UnaryOp op, const Tensor& x, float alp
   check_f32(x, name, "x");
   Tensor out = clone_like(graph, x, name);
   const ComputeSetId cs = graph.add_compute_set(name);
-  const Tensor xf = x.flatten(), of = out.flatten();
-  for_each_worker_piece(
-      graph, x, kMinElementsPerWorker, [&](unsigned tile, std::size_t b, std::size_t e) {
-        graph.add_vertex(cs, {"Unary",
-                              tile,
-                              {{xf.slice(b, e)}, {of.slice(b, e)}},
-                              {static_cast<double>(op), static_cast<double>(alpha)}});
-      });
+  add_elementwise_vertices(graph, cs, "Unary", {x, out}, x, kMinElementsPerWorker,
+                           {static_cast<double>(op), static_cast<double>(alpha)});
   prog.add(Program::execute(cs));
   return out;
 }
@@ -252,14 +274,8 @@ Tensor unary_grad(Graph& graph, Program& prog, UnaryOp op, const Tensor& dy, con
   Tensor dx = clone_like(graph, x, name);
   const Tensor dy_local = rearrange_like(graph, prog, dy, x, name + "/dy").flatten();
   const ComputeSetId cs = graph.add_compute_set(name);
-  const Tensor xf = x.flatten(), df = dx.flatten();
-  for_each_worker_piece(
-      graph, x, kMinElementsPerWorker, [&](unsigned tile, std::size_t b, std::size_t e) {
-        graph.add_vertex(cs, {"UnaryGrad",
-                              tile,
-                              {{dy_local.slice(b, e)}, {xf.slice(b, e)}, {df.slice(b, e)}},
-                              {static_cast<double>(op), static_cast<double>(alpha)}});
-      });
+  add_elementwise_vertices(graph, cs, "UnaryGrad", {dy_local, x, dx}, x, kMinElementsPerWorker,
+                           {static_cast<double>(op), static_cast<double>(alpha)});
   prog.add(Program::execute(cs));
   return dx;
 }
@@ -556,22 +572,27 @@ Tensor cast(Graph& graph, Program& prog, const Tensor& x, DType to, Rounding rou
   std::map<unsigned, Tensor> counter_of;
   if (stochastic) counter_of = invocation_counters(graph, x, name);
   const ComputeSetId cs = graph.add_compute_set(name);
-  const Tensor xf = x.flatten(), of = out.flatten();
-  for_each_worker_piece(
-      graph, x, kMinElementsPerWorker, [&](unsigned tile, std::size_t b, std::size_t e) {
-        if (!stochastic) {
-          graph.add_vertex(cs, {widen ? "CastToFloat" : "CastToHalf",
-                                tile,
-                                {{xf.slice(b, e)}, {of.slice(b, e)}},
-                                {}});
-          return;
-        }
-        graph.add_vertex(cs, {"CastToHalfStochastic",
-                              tile,
-                              {{xf.slice(b, e)}, {of.slice(b, e)}, {counter_of.at(tile)}},
-                              {static_cast<double>(seed >> 32),
-                               static_cast<double>(seed & 0xffffffffu), static_cast<double>(b)}});
-      });
+  if (!stochastic) {
+    add_elementwise_vertices(graph, cs, widen ? "CastToFloat" : "CastToHalf", {x, out}, x,
+                             kMinElementsPerWorker);
+  } else {
+    const Tensor xf = x.flatten(), of = out.flatten();
+    for_each_tile_pieces(graph, x, kMinElementsPerWorker, [&](unsigned tile, const Pieces& pieces) {
+      // A worker slice per piece; each slice's first element keys its draws.
+      Vertex v{"CastToHalfStochastic",
+               tile,
+               {{}, {}, {counter_of.at(tile)}},
+               {static_cast<double>(seed >> 32), static_cast<double>(seed & 0xffffffffu),
+                static_cast<double>(pieces[0].first)},
+               pieces.size()};
+      for (const auto& [b, e] : pieces) {
+        v.fields[0].push_back(xf.slice(b, e));
+        v.fields[1].push_back(of.slice(b, e));
+        if (b != pieces[0].first) v.params.push_back(static_cast<double>(b));
+      }
+      graph.add_vertex(cs, v);
+    });
+  }
   prog.add(Program::execute(cs));
   if (stochastic) prog.add(next_invocation(graph, counter_of, name));
   return out;

@@ -45,12 +45,12 @@ void map_affine(const VertexContext& c) {
   std::size_t p = kMapHeader + rank;
   for (std::size_t i = 0; i < inputs; ++i) {
     in[i] = c.region<const float>(i).data();
-    offset[i] = static_cast<Index>(c.param(p++));
+    offset[i] = static_cast<Index>(c.param(kMapOffsets + i));
     for (std::size_t d = 0; d < rank; ++d) stride[i][d] = static_cast<Index>(c.param(p++));
   }
   if (inputs == 1) in[1] = in[0];
   auto out = c.region<float>(inputs);
-  std::vector<std::size_t> coord = coords_of(c.size_param(4), shape);
+  std::vector<std::size_t> coord = coords_of(c.size_param(kMapPieceBegin), shape);
   const std::size_t last = rank - 1;
   for (std::size_t o = 0; o < out.size();) {
     const std::size_t run = std::min(shape[last] - coord[last], out.size() - o);
@@ -222,7 +222,8 @@ Codelet cast_codelet(std::string name, std::string doc, Convert convert) {
           },
           [](const Vertex& v, const ArchPreset& a) { return cast_cycles(v, a, 1); },
           {"out"},
-          true};
+          true,
+          {"in", "out"}};
 }
 
 std::uint64_t out_field_cycles(const Vertex& v, const ArchPreset& a, std::size_t field,
@@ -239,17 +240,27 @@ void register_tensor_codelets(CodeletRegistry& r) {
   };
   r.add({"MapAffine",
          "out = scale * in[affine(o)] over the out piece (broadcast, permute, slice, concat "
-         "windows); params: op, scale, inputs (1), rank, piece begin, window, shape, offset and "
-         "strides of in",
+         "windows); params: op, scale, inputs (1), rank, piece begin, window, offset of in, 0, "
+         "shape, strides of in; piece begin and offset by worker slice",
          {"in", "out"},
          map_affine,
-         map_cycles});
-  r.add({"MapAffineBinary",
-         "out = a[affine(o)] op b[affine(o)] over the out piece (NumPy broadcasting); params: op, "
-         "scale, inputs (2), rank, piece begin, window, shape, then offset and strides of a and b",
-         {"a", "b", "out"},
-         map_affine,
-         map_cycles});
+         map_cycles,
+         {},
+         false,
+         {"in", "out"},
+         {kMapPieceBegin, kMapOffsets}});
+  r.add(
+      {"MapAffineBinary",
+       "out = a[affine(o)] op b[affine(o)] over the out piece (NumPy broadcasting); params: op, "
+       "scale, inputs (2), rank, piece begin, window, offsets of a and b, shape, strides of a and "
+       "b; piece begin and offsets by worker slice",
+       {"a", "b", "out"},
+       map_affine,
+       map_cycles,
+       {},
+       false,
+       {"a", "b", "out"},
+       {kMapPieceBegin, kMapOffsets, kMapOffsets + 1}});
   r.add({"Unary",
          "out = f(x); params: function, alpha",
          {"x", "out"},
@@ -264,7 +275,9 @@ void register_tensor_codelets(CodeletRegistry& r) {
            return out_field_cycles(v, a, 1,
                                    unary_instructions(static_cast<ops::UnaryOp>(v.params[0])));
          },
-         {"out"}});
+         {"out"},
+         false,
+         {"x", "out"}});
   r.add({"UnaryGrad",
          "dx = dy * f'(x); params: function, alpha",
          {"dy", "x", "dx"},
@@ -281,7 +294,9 @@ void register_tensor_codelets(CodeletRegistry& r) {
            return out_field_cycles(v, a, 2,
                                    1 + unary_instructions(static_cast<ops::UnaryOp>(v.params[0])));
          },
-         {"dx"}});
+         {"dx"},
+         false,
+         {"dy", "x", "dx"}});
   r.add({"ReducePartial",
          "partial[out(x) - lo] += x over the piece (partial zeroed first); params: rank, piece "
          "begin, lo, shape, output strides (0 on reduced axes)",
@@ -382,7 +397,9 @@ void register_tensor_codelets(CodeletRegistry& r) {
          // The draw costs about as much as the random mask's.
          [](const Vertex& v, const ArchPreset& a) { return cast_cycles(v, a, 4); },
          {"out"},
-         true});
+         true,
+         {"in", "out"},
+         {2}});
   r.add({"IncrementCounter",
          "counter += 1 (uint32)",
          {"counter"},
