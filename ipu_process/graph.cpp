@@ -519,16 +519,29 @@ unsigned Graph::tile_of(const Tensor& t) const {
   return *tiles.begin();
 }
 
+namespace {
+void shrink_tables(ComputeSet& cs) {
+  cs.vertices.shrink_to_fit();
+  cs.field_ends.shrink_to_fit();
+  cs.regions.shrink_to_fit();
+  cs.params.shrink_to_fit();
+  cs.slice_cycles.shrink_to_fit();
+}
+}  // namespace
+
 void Graph::shrink_to_fit() {
-  for (ComputeSet& cs : compute_sets_) {
-    cs.vertices.shrink_to_fit();
-    cs.field_ends.shrink_to_fit();
-    cs.regions.shrink_to_fit();
-    cs.params.shrink_to_fit();
-    cs.slice_cycles.shrink_to_fit();
-  }
+  for (ComputeSet& cs : compute_sets_) shrink_tables(cs);
   compute_sets_.shrink_to_fit();
   variables_.shrink_to_fit();
+}
+
+void Graph::settle() {
+  for (std::size_t i = settled_compute_sets_; i < compute_sets_.size(); ++i)
+    shrink_tables(compute_sets_[i]);
+  for (std::size_t i = settled_variables_; i < variables_.size(); ++i)
+    variables_[i].mapping.shrink_to_fit();
+  settled_compute_sets_ = compute_sets_.size();
+  settled_variables_ = variables_.size();
 }
 
 ComputeSetId Graph::add_compute_set(std::string name) {

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <span>
 #include <string>
@@ -239,6 +240,9 @@ class Graph {
   ComputeSetId add_compute_set(std::string name);
   // Gives back what the compute sets' tables reserved for growth (call when lowering is done).
   void shrink_to_fit();
+  // The same for the compute sets and variables made since the last call (call between ops: a
+  // full-size model's lowering would otherwise hold a third more than its tables need).
+  void settle();
   // Checks the vertex against its codelet (known, its field count, every region of one
   // variable's dtype), estimates its cycles and packs it; std::invalid_argument or
   // std::logic_error naming the vertex otherwise.
@@ -249,7 +253,7 @@ class Graph {
   // the layout does not depend on how the op libraries group their temporaries).
   std::size_t tensors_made() const { return tensors_made_; }
   const Variable& variable(VariableId id) const { return variables_.at(id); }
-  const std::vector<Variable>& variables() const { return variables_; }
+  const std::deque<Variable>& variables() const { return variables_; }
   const std::vector<ComputeSet>& compute_sets() const { return compute_sets_; }
   // A vertex field's region as a flat tensor of its variable.
   Tensor tensor(const FieldRegion& r) const {
@@ -261,10 +265,11 @@ class Graph {
  private:
   double available_memory_proportion_ = kDefaultAvailableMemoryProportion;
   const ArchPreset& arch_;
-  std::vector<Variable> variables_;
+  std::deque<Variable> variables_;  // grows without moving: millions at full size
   std::size_t tensors_made_ = 0;
   bool keep_vertex_params_ = true;
   std::vector<ComputeSet> compute_sets_;
+  std::size_t settled_compute_sets_ = 0, settled_variables_ = 0;  // see settle()
 };
 
 }  // namespace ipupod::ipu

@@ -304,7 +304,7 @@ struct Placement {
 // variable whose last step has passed leaves for good (no later one can meet it).
 class TileLayout {
  public:
-  explicit TileLayout(std::size_t floor) : floor_(floor) {}
+  explicit TileLayout(std::size_t floor) : floor_(floor), solid_(floor) {}
 
   // Places a variable of `bytes` bytes with live range `range` (which must outlive the layout).
   // Variables live for the whole run come first, then by first step.
@@ -314,11 +314,18 @@ class TileLayout {
     if (range.whole_run && alive_.empty()) {
       const std::size_t offset = floor_;
       floor_ = align_up(offset + bytes);
+      solid_ = floor_;
       return offset;
     }
     if (!range.whole_run) retire_before(range.first);
-    std::size_t offset = floor_;
-    for (const Entry& e : alive_) {
+    // No offset below solid_ fits (see solid_), so the search starts there; an entry that
+    // begins more than the largest block below it ends below it.
+    std::size_t offset = solid_;
+    auto it = std::lower_bound(
+        alive_.begin(), alive_.end(), solid_ - std::min(solid_, largest_),
+        [](const Entry& e, std::size_t b) { return e.begin < b; });
+    for (; it != alive_.end(); ++it) {
+      const Entry& e = *it;
       if (e.begin >= offset + bytes) break;
       if (e.end <= offset || e.range == nullptr || !meet(range, *e.range)) continue;
       offset = align_up(e.end);
@@ -328,7 +335,9 @@ class TileLayout {
         std::upper_bound(alive_.begin(), alive_.end(), entry,
                          [](const Entry& x, const Entry& y) { return x.begin < y.begin; }),
         entry);
+    largest_ = std::max(largest_, bytes);
     if (!range.whole_run) leaving_.push({range.last, offset, &range});
+    if (offset == solid_) extend_solid();
     return offset;
   }
 
@@ -359,6 +368,23 @@ class TileLayout {
     return false;
   }
 
+  // An entry that meets every variable placed after it while it is alive: one live over a
+  // single stretch of steps. Variables come in order of first step, and an entry not yet
+  // retired lasts at least to the new one's first step, so its stretch holds that step. Such
+  // entries meet each other too, hence never share bytes.
+  static bool sure(const Entry& e) { return e.range != nullptr && e.range->segments.size() == 1; }
+
+  // Moves solid_ up over the sure entries that continue it without a gap.
+  void extend_solid() {
+    for (;;) {
+      auto it = std::lower_bound(alive_.begin(), alive_.end(), solid_,
+                                 [](const Entry& e, std::size_t b) { return e.begin < b; });
+      while (it != alive_.end() && it->begin == solid_ && !sure(*it)) ++it;
+      if (it == alive_.end() || it->begin != solid_) return;
+      solid_ = it->end;
+    }
+  }
+
   // Drops the variables whose last step is before `step`; compacts once half are dropped.
   void retire_before(std::size_t step) {
     while (!leaving_.empty() && leaving_.top().last < step) {
@@ -366,6 +392,8 @@ class TileLayout {
       auto it = std::lower_bound(alive_.begin(), alive_.end(), l.begin,
                                  [](const Entry& e, std::size_t b) { return e.begin < b; });
       while (it->range != l.range) ++it;
+      // Its bytes are free now: the solid stretch ends there if it was part of it.
+      if (sure(*it) && it->begin < solid_) solid_ = it->begin;
       it->range = nullptr;
       ++retired_;
       leaving_.pop();
@@ -377,6 +405,10 @@ class TileLayout {
   }
 
   std::size_t floor_;
+  // [floor_, solid_) is covered, without a gap, by sure entries (and the stack of whole-run
+  // variables below floor_): no variable placed from now on can start below solid_.
+  std::size_t solid_;
+  std::size_t largest_ = 0;   // the largest block ever placed above the floor
   std::vector<Entry> alive_;  // by offset
   std::priority_queue<Leaving, std::vector<Leaving>, std::greater<>> leaving_;
   std::size_t retired_ = 0;
@@ -401,13 +433,26 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
   // A variable's elements on one tile take one block of its memory (as Poplar lays out a
   // variable's tile elements contiguously), each mapping interval from an aligned offset, so
   // that the rows of a block (channel planes) lie at regular strides.
-  struct Item {
-    VariableId var;
+  struct Item {                 // 20 bytes: a full-size stage has tens of millions
+    std::uint32_t var;
     std::uint32_t first, last;  // its first and last mapping intervals on this tile
-    std::size_t bytes = 0;      // of its elements
-    std::size_t block = 0;      // of tile memory, with each interval's alignment
+    std::uint32_t bytes = 0;    // of its elements
+    std::uint32_t block = 0;    // of tile memory, with each interval's alignment
   };
   std::vector<std::vector<Item>> per_tile(arch.tiles);
+  {  // Each tile's items counted first, so that each list takes just the memory it needs.
+    std::vector<std::size_t> count(arch.tiles, 0);
+    std::vector<VariableId> last_var(arch.tiles, ~VariableId{0});
+    for (VariableId id = 0; id < vars.size(); ++id)
+      for (const auto& iv : vars[id].mapping)
+        if (last_var[iv.tile] != id) last_var[iv.tile] = id, ++count[iv.tile];
+    for (unsigned t = 0; t < arch.tiles; ++t) per_tile[t].reserve(count[t]);
+  }
+  const auto too_large = [&](unsigned t) {
+    return std::length_error("tile " + std::to_string(t) +
+                             " would need more than 4 GiB of memory: the model is far too large "
+                             "for one IPU");
+  };
   interval_offset_begin_.assign(vars.size() + 1, 0);
   // next_on_tile[begin[v] + k]: the next interval of variable v on interval k's tile.
   std::vector<std::uint32_t> next_on_tile;
@@ -420,12 +465,14 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
       const auto& iv = v.mapping[k];
       const std::size_t bytes = (iv.end - iv.begin) * dtype_size(v.dtype);
       auto& items = per_tile[iv.tile];
-      if (items.empty() || items.back().var != id) items.push_back({id, k, k});
+      if (items.empty() || items.back().var != id)
+        items.push_back({static_cast<std::uint32_t>(id), k, k});
       next_on_tile.push_back(UINT32_MAX);
       if (items.back().last != k) next_on_tile[interval_offset_begin_[id] + items.back().last] = k;
       items.back().last = k;
-      items.back().bytes += bytes;
-      items.back().block += align_up(bytes);
+      if (items.back().block + align_up(bytes) > UINT32_MAX) throw too_large(iv.tile);
+      items.back().bytes += static_cast<std::uint32_t>(bytes);
+      items.back().block += static_cast<std::uint32_t>(align_up(bytes));
       mapped += iv.end - iv.begin;
     }
     if (mapped != v.elements)
@@ -441,10 +488,7 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
     const std::size_t base = interval_offset_begin_[it.var];
     for (std::uint32_t k = it.first; k != UINT32_MAX; k = next_on_tile[base + k]) {
       const TileInterval& iv = v.mapping[k];
-      if (offset > UINT32_MAX)
-        throw std::length_error("tile " + std::to_string(t) +
-                                " would need more than 4 GiB of memory: the model is far too "
-                                "large for one IPU");
+      if (offset > UINT32_MAX) throw too_large(t);
       interval_offsets_[interval_offset_begin_[it.var] + k] = static_cast<std::uint32_t>(offset);
       offset += align_up((iv.end - iv.begin) * dtype_size(v.dtype));
     }
@@ -457,11 +501,9 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
   for (unsigned t = 0; t < arch.tiles; ++t) {
     TileMemory& tm = memory_.tiles[t];
     auto& items = per_tile[t];
-    std::map<VariableId, std::size_t> var_bytes;
     std::size_t top = 0;
     for (const Item& it : items) {
       const Variable& v = vars[it.var];
-      var_bytes[it.var] += it.bytes;
       tm.by_category[v.category] += it.bytes;
       if (!always_live(v.category)) continue;
       place_intervals(it, t, align_up(top));
@@ -513,9 +555,9 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
     tm.peak_live = std::min(tm.not_always_live, whole + static_cast<std::size_t>(peak));
     used[t] = high;
     // The five largest, named (a tile can hold thousands of variables).
-    std::vector<std::pair<std::size_t, VariableId>> by_size;
-    by_size.reserve(var_bytes.size());
-    for (const auto& [id, bytes] : var_bytes) by_size.emplace_back(bytes, id);
+    std::vector<std::pair<std::size_t, VariableId>> by_size;  // an item per variable
+    by_size.reserve(items.size());
+    for (const Item& it : items) by_size.emplace_back(it.bytes, it.var);
     const std::size_t named = std::min<std::size_t>(by_size.size(), 5);
     std::partial_sort(by_size.begin(), by_size.begin() + static_cast<std::ptrdiff_t>(named),
                       by_size.end(), [](auto& a, auto& b) {
@@ -525,6 +567,7 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
       const Variable& v = vars[by_size[i].second];
       tm.largest.push_back({v.name, v.category, by_size[i].first});
     }
+    std::vector<Item>().swap(items);  // done with this tile
   }
   // Vertex state and code take their share of each tile, as on hardware.
   std::vector<std::set<std::uint16_t>> codelets_on_tile(arch.tiles);

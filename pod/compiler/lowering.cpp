@@ -59,6 +59,7 @@ void Lowering::lower_phase(Phase phase, ipu::Program& prog, int stage, const Tra
       lower(op, prog);
     }
     if (op.output) send(*op.output, stage, transfers, prog);
+    out_.graph->settle();
     if (progress_ && *progress_) (*progress_)({phase_name, ++done, total, op.name});
   }
 }
