@@ -21,8 +21,10 @@ struct ColumnRange {
   std::size_t lo, hi, first_input;
 };
 
-std::vector<ColumnRange> column_ranges(const ConvGeometry& g) {
-  std::vector<ColumnRange> out(g.kw);
+// Per-thread scratch (codelets run often and briefly: no allocation per call).
+const std::vector<ColumnRange>& column_ranges(const ConvGeometry& g) {
+  thread_local std::vector<ColumnRange> out;
+  out.resize(g.kw);
   for (std::size_t j = 0; j < g.kw; ++j) {
     const Index off = signed_of(j * g.dw) - signed_of(g.pl);
     const Index sw = signed_of(g.sw);
@@ -107,8 +109,13 @@ std::size_t forward_chunks(float* orow, const std::vector<RowTap>& taps, std::si
 template <bool Unit>
 std::size_t forward_interior(float* orow, const std::vector<RowTap>& taps, std::size_t ox,
                              std::size_t end, const ConvGeometry& g) {
+  const std::size_t begin = ox;
   ox = forward_chunks<8, Unit>(orow, taps, ox, end, g);
-  return forward_chunks<4, Unit>(orow, taps, ox, end, g);
+  ox = forward_chunks<4, Unit>(orow, taps, ox, end, g);
+  // The interior's last columns: one more chunk ending at `end`. The columns it repeats get the
+  // same sums in the same order again, so the same values.
+  if (ox < end && end - begin >= 4) ox = forward_chunks<4, Unit>(orow, taps, end - 4, end, g);
+  return ox;
 }
 
 // Kernel columns [first, end) that land inside the image for output column ox.
@@ -139,8 +146,7 @@ void conv_forward(const VertexContext& c) {
   const float* x = c.region<const float>(0).data();
   const float* w = c.region<const float>(1).data();
   const auto [lo, hi] = interior(column_ranges(g), g.ow);
-  std::vector<RowTap> taps;
-  taps.reserve(cig * g.kh);
+  thread_local std::vector<RowTap> taps;
   for (std::size_t r = 0; r < c.regions(2); ++r) {
     auto out = c.region<float>(2, r);
     const std::size_t b = c.size_param(k + 6 + 3 * r), woff = c.size_param(k + 7 + 3 * r),
@@ -198,7 +204,7 @@ void conv_grad_input(const VertexContext& c) {
   const std::size_t cog = c.size_param(k + 3), rr0 = c.size_param(k + 4), rr1 = c.size_param(k + 5);
   const float* dy = c.region<const float>(0).data();
   const float* w = c.region<const float>(1).data();
-  const auto cols = column_ranges(g);
+  const auto& cols = column_ranges(g);
   const std::size_t plane = oyr * g.ow;
   // With unit strides every input column of [ix_lo, ix_hi) is reached by every kernel column.
   const bool unit = g.sh == 1 && g.sw == 1;
@@ -206,7 +212,8 @@ void conv_grad_input(const VertexContext& c) {
   const Index ix_hi_s = std::min<Index>(signed_of(g.w), signed_of(g.ow) - signed_of(g.pl));
   const std::size_t ix_lo = unit ? static_cast<std::size_t>(ix_lo_s) : 0;
   const std::size_t ix_hi = unit && ix_hi_s > ix_lo_s ? static_cast<std::size_t>(ix_hi_s) : ix_lo;
-  std::vector<float> sum(g.ow);  // the tap's contribution of every output column
+  thread_local std::vector<float> sum;  // the tap's contribution of every output column
+  sum.resize(g.ow);
   for (std::size_t r = 0; r < c.regions(2); ++r) {
     auto out = c.region<float>(2, r);
     std::fill(out.begin(), out.end(), 0.f);
@@ -340,13 +347,15 @@ void conv_grad_weight(const VertexContext& c) {
   const auto [lo, hi] = interior(column_ranges(g), g.ow);
   const std::size_t taps = g.kh * g.kw, cstride = taps * 4;
   constexpr std::size_t kGroup = 4;  // input channels accumulated together
-  std::vector<float> acc(kGroup * cstride);
+  thread_local std::vector<float> acc;
+  acc.resize(kGroup * cstride);
   // The columns the 4-wide chunks leave (borders and the interior's tail), with their kernel
   // columns inside the image and the input column of the first.
   struct BorderColumn {
     std::size_t col, j0, j1, at;
   };
-  std::vector<BorderColumn> borders;
+  thread_local std::vector<BorderColumn> borders;
+  borders.clear();
   const std::size_t done = lo + (hi - lo) / 4 * 4;
   for (std::size_t col = 0; col < g.ow; ++col) {
     if (col >= lo && col < done) continue;
