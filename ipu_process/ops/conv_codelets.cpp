@@ -2,6 +2,7 @@
 // written to vectorise) and their cycle estimators. Each output element sums its taps in the
 // order the reference interpreter does.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -64,6 +65,8 @@ inline Vec4 load4(const float* p, std::size_t stride) {
 inline void store4(float* p, Vec4 v) {
   std::memcpy(p, &v, sizeof v);
 }
+
+using Mask4 = std::int32_t __attribute__((vector_size(16)));  // lanes all ones or all zeros
 
 // Multiply-accumulates of a vertex with `outputs` output elements of `taps` taps each.
 std::uint64_t mac_cycles(const ArchPreset& arch, double outputs, double taps, DType dtype) {
@@ -362,6 +365,38 @@ void conv_grad_weight(const VertexContext& c) {
     const auto [j0, j1] = kernel_columns(col, g);
     if (j0 < j1) borders.push_back({col, j0, j1, col * g.sw + j0 * g.dw - g.pl});
   }
+  // The border columns in rounds of at most one column per lane (col mod 4), a lane's columns
+  // in increasing rounds: a round adds each weight's 4 partial sums one vector of products,
+  // with +0 in the lanes it has no term for (a sum that starts at +0 never becomes -0, so
+  // adding +0 leaves it unchanged). The other lanes read column or input column 0, masked off.
+  struct BorderTap {
+    std::size_t x[4];  // input column of each lane's term
+    Mask4 keep;        // the lanes with a term
+    bool any;
+  };
+  struct BorderRound {
+    std::size_t col[4];
+    std::size_t first_tap;  // its kw taps, one per kernel column
+  };
+  thread_local std::vector<BorderTap> border_taps;
+  thread_local std::vector<BorderRound> rounds;
+  border_taps.clear();
+  rounds.clear();
+  std::size_t in_lane[4] = {0, 0, 0, 0};
+  for (const BorderColumn& bc : borders) {
+    const std::size_t lane = bc.col % 4, round = in_lane[lane]++;
+    if (round == rounds.size()) {
+      rounds.push_back({{0, 0, 0, 0}, border_taps.size()});
+      border_taps.resize(border_taps.size() + g.kw, BorderTap{{0, 0, 0, 0}, Mask4{}, false});
+    }
+    rounds[round].col[lane] = bc.col;
+    for (std::size_t j = bc.j0; j < bc.j1; ++j) {
+      BorderTap& t = border_taps[rounds[round].first_tap + j];
+      t.x[lane] = bc.at + (j - bc.j0) * g.dw;
+      t.keep[lane] = -1;
+      t.any = true;
+    }
+  }
   for (std::size_t r = 0; r < c.regions(2); ++r) {
     auto out = c.region<float>(2, r);
     const std::size_t o = c.size_param(k + 7 + 4 * r), xoff = c.size_param(k + 8 + 4 * r),
@@ -385,12 +420,18 @@ void conv_grad_weight(const VertexContext& c) {
               weight_chunks<true>(ai, cstride, channels, xr, d, lo, hi, g);
             else
               weight_chunks<false>(ai, cstride, channels, xr, d, lo, hi, g);
-            for (const BorderColumn& bc : borders) {
-              const float dv = d[bc.col];
-              for (std::size_t q = 0; q < channels; ++q) {
-                float* a = ai + q * cstride + bc.col % 4;
-                const float* xs = xr[q] + bc.at;
-                for (std::size_t j = bc.j0; j < bc.j1; ++j) a[j * 4] += dv * xs[(j - bc.j0) * g.dw];
+            for (const BorderRound& br : rounds) {
+              const Vec4 dv = {d[br.col[0]], d[br.col[1]], d[br.col[2]], d[br.col[3]]};
+              for (std::size_t j = 0; j < g.kw; ++j) {
+                const BorderTap& t = border_taps[br.first_tap + j];
+                if (!t.any) continue;
+                for (std::size_t q = 0; q < channels; ++q) {
+                  const float* xs = xr[q];
+                  const Vec4 prod = dv * Vec4{xs[t.x[0]], xs[t.x[1]], xs[t.x[2]], xs[t.x[3]]};
+                  float* a = ai + q * cstride + j * 4;
+                  store4(a,
+                         load4(a) + reinterpret_cast<Vec4>(reinterpret_cast<Mask4>(prod) & t.keep));
+                }
               }
             }
           }
