@@ -52,8 +52,10 @@ struct PoolGeometry {
   }
   Window row(std::size_t oy) const { return window(oy, h, oh, kh, sh, ph, adaptive, include_pad); }
   Window col(std::size_t ox) const { return window(ox, w, ow, kw, sw, pw, adaptive, include_pad); }
-  std::vector<Window> cols() const {
-    std::vector<Window> out(ow);
+  // The column windows, in per-thread scratch (no allocation per codelet call).
+  const std::vector<Window>& cols() const {
+    thread_local std::vector<Window> out;
+    out.resize(ow);
     for (std::size_t ox = 0; ox < ow; ++ox) out[ox] = col(ox);
     return out;
   }
@@ -77,7 +79,7 @@ void max_pool(const VertexContext& c) {
   const float* x = c.region<const float>(0).data();
   const std::size_t x0 = c.size_param(l.first_row(0)), xr = c.size_param(l.rows(0));
   const std::size_t rr0 = c.size_param(l.begin()), rr1 = c.size_param(l.end());
-  const auto cols = g.cols();
+  const auto& cols = g.cols();
   for (std::size_t r = 0; r < c.regions(1); ++r) {
     auto out = c.region<float>(1, r);
     const float* plane = x + c.size_param(l.plane(r)) * xr * g.w;
@@ -104,7 +106,7 @@ void max_pool_grad(const VertexContext& c) {
   const std::size_t x0 = c.size_param(l.first_row(0)), xr = c.size_param(l.rows(0));
   const std::size_t y0 = c.size_param(l.first_row(1)), yr = c.size_param(l.rows(1));
   const std::size_t rr0 = c.size_param(l.begin()), rr1 = c.size_param(l.end());
-  const auto cols = g.cols();
+  const auto& cols = g.cols();
   for (std::size_t r = 0; r < c.regions(2); ++r) {
     auto dx = c.region<float>(2, r);
     std::fill(dx.begin(), dx.end(), 0.f);
@@ -140,7 +142,7 @@ void avg_pool(const VertexContext& c) {
   const float* x = c.region<const float>(0).data();
   const std::size_t x0 = c.size_param(l.first_row(0)), xr = c.size_param(l.rows(0));
   const std::size_t rr0 = c.size_param(l.begin()), rr1 = c.size_param(l.end());
-  const auto cols = g.cols();
+  const auto& cols = g.cols();
   for (std::size_t r = 0; r < c.regions(1); ++r) {
     auto out = c.region<float>(1, r);
     const float* plane = x + c.size_param(l.plane(r)) * xr * g.w;
@@ -166,7 +168,7 @@ void avg_pool_grad(const VertexContext& c) {
   const float* dy = c.region<const float>(0).data();
   const std::size_t y0 = c.size_param(l.first_row(0)), yr = c.size_param(l.rows(0));
   const std::size_t rr0 = c.size_param(l.begin()), rr1 = c.size_param(l.end());
-  const auto cols = g.cols();
+  const auto& cols = g.cols();
   for (std::size_t r = 0; r < c.regions(1); ++r) {
     auto dx = c.region<float>(1, r);
     std::fill(dx.begin(), dx.end(), 0.f);
