@@ -9,23 +9,14 @@
 #include "ipu_process/codelets.hpp"
 #include "ipu_process/ops/common.hpp"
 #include "ipu_process/ops/segments.hpp"
+#include "ipu_process/ops/vec4.hpp"
 
 namespace ipupod::ipu {
 
 namespace {
-// Four floats in one SIMD register (GCC's vector extension): lane by lane the same operations
-// as the scalar loops, so the elementwise runs below give the same bits four at a time.
-using Vec4 = float __attribute__((vector_size(16)));
-
-inline Vec4 load4(const float* p) {
-  Vec4 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline void store4(float* p, Vec4 v) {
-  std::memcpy(p, &v, sizeof v);
-}
+using ops::load4;
+using ops::store4;
+using ops::Vec4;
 
 // out[i] = (x[i] - mean) * inv for i in [0, n).
 inline void apply_run(float* out, const float* x, std::size_t n, float mean, float inv) {

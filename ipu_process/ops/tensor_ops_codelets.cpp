@@ -14,25 +14,16 @@
 #include "ipu_process/ops/elementwise.hpp"
 #include "ipu_process/ops/tensor_ops.hpp"
 #include "ipu_process/ops/tensor_ops_internal.hpp"
+#include "ipu_process/ops/vec4.hpp"
 
 namespace ipupod::ipu {
 namespace {
 
 using namespace tensor_ops_impl;  // NOLINT(google-build-using-namespace): shared with its codelets
 
-// Four floats in one SIMD register (GCC's vector extension): the maps' operations lane by lane
-// are the scalar ones, so the contiguous runs below give the same bits four at a time.
-using Vec4 = float __attribute__((vector_size(16)));
-
-inline Vec4 load4(const float* p) {
-  Vec4 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline void store4(float* p, Vec4 v) {
-  std::memcpy(p, &v, sizeof v);
-}
+using ops::load4;
+using ops::store4;
+using ops::Vec4;
 
 // dst[j] = f(a[j * sa], b[j * sb]) for j in [0, n); f takes floats or Vec4s.
 template <class F>

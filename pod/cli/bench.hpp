@@ -3,8 +3,41 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <iostream>
+#include <stdexcept>
+#include <vector>
 
 namespace ipupod::pod {
+
+// Seconds from `start` to now on the steady clock.
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The median of the values (the mean of the middle two of an even count); values not empty.
+inline double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// Runs a benchmark's body for its subcommand's callback: its result, or exit 2 for bad input
+// (std::invalid_argument) and 1 for any other failure, with the reason on stderr.
+template <class Run>
+int run_bench(Run&& run) {
+  try {
+    return run();
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+}
 
 // Fabric all-reduce vs Open MPI's MPI_Allreduce on the same ranks (run under mpirun).
 void add_allreduce_bench(CLI::App& bench, int& exit_code);

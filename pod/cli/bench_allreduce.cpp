@@ -27,12 +27,6 @@ struct AllreduceBenchOptions {
   bool check = true;
 };
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
 // Small integers: every sum is exact in float32, so the fabric's result must equal MPI's bit
 // for bit whatever the order of additions.
 void fill(std::vector<float>& data, int rank) {

@@ -55,10 +55,6 @@ struct HostBenchOptions {
 constexpr std::size_t kRawBlockBytes = std::size_t{4} << 20;
 constexpr std::uint16_t kInputStream = 0, kTargetStream = 1;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
 // CPU seconds used by the whole process so far (all threads, user and system): a figure the
 // other processes on a busy machine disturb much less than wall time.
 double process_cpu_seconds() {
@@ -68,12 +64,6 @@ double process_cpu_seconds() {
     return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
   };
   return seconds(usage.ru_utime) + seconds(usage.ru_stime);
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
 // Evicts the data file's pages from the operating system's page cache (clean pages of a file

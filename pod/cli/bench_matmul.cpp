@@ -35,16 +35,6 @@ struct MatMulBenchOptions {
   bool compile = true;
 };
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
 std::vector<float> random_floats(std::size_t n, unsigned seed) {
   std::mt19937 gen(seed);
   std::uniform_real_distribution<float> d(-1.f, 1.f);
@@ -251,17 +241,7 @@ void add_matmul_bench(CLI::App& bench, int& exit_code) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_flag("!--no-compile", o->compile, "Skip the ResNet-50 compile-time measurement");
-  cmd->callback([o, &exit_code] {
-    try {
-      exit_code = run_matmul_bench(*o);
-    } catch (const std::invalid_argument& e) {
-      std::cerr << "error: " << e.what() << "\n";
-      exit_code = 2;
-    } catch (const std::exception& e) {
-      std::cerr << "error: " << e.what() << "\n";
-      exit_code = 1;
-    }
-  });
+  cmd->callback([o, &exit_code] { exit_code = run_bench([&] { return run_matmul_bench(*o); }); });
 }
 
 }  // namespace ipupod::pod

@@ -89,16 +89,6 @@ StepConfig resolve_config(const StepBenchOptions& o) {
   throw std::invalid_argument("--model: expected one of " + names + ", got '" + o.model + "'");
 }
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
 // The peer script: --torch-script, else scripts/bench_step_torch.py in a folder above the
 // executable (build trees inside the sources), else in the sources this binary was built from.
 std::string find_torch_script(const StepBenchOptions& o) {
@@ -406,17 +396,7 @@ void add_step_bench(CLI::App& bench, int& exit_code) {
   cmd->add_option("--python", o->python, "Interpreter for the PyTorch peer")->capture_default_str();
   cmd->add_option("--torch-script", o->torch_script,
                   "The peer script (default: scripts/bench_step_torch.py of the sources)");
-  cmd->callback([o, &exit_code] {
-    try {
-      exit_code = run_step_bench(*o);
-    } catch (const std::invalid_argument& e) {
-      std::cerr << "error: " << e.what() << "\n";
-      exit_code = 2;
-    } catch (const std::exception& e) {
-      std::cerr << "error: " << e.what() << "\n";
-      exit_code = 1;
-    }
-  });
+  cmd->callback([o, &exit_code] { exit_code = run_bench([&] { return run_step_bench(*o); }); });
 }
 
 }  // namespace ipupod::pod
