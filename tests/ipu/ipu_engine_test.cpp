@@ -4,8 +4,10 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <tuple>
 
 #include "ipu_process/engine.hpp"
+#include "ipu_process/ops/common.hpp"
 #include "ipu_process/ops/elementwise.hpp"
 #include "ipu_process/ops/matmul.hpp"
 #include "ipu_process/ops/tensor_ops.hpp"
@@ -391,6 +393,61 @@ TEST(CycleModel, TwiceTheWorkOnOneTileCostsTwiceAndTwiceTheTilesHalf) {
   EXPECT_EQ(twice, 2 * one);
   EXPECT_EQ(spread, one);
   EXPECT_GT(one, 0u);
+}
+
+// An elementwise op makes one vertex per tile with a worker slice per worker piece (Poplar's
+// MultiVertex); it computes and costs what one vertex per piece did: each slice goes to the
+// least-loaded worker in the same order.
+TEST(MultiVertex, OneVertexPerTileComputesAndCostsAsOneVertexPerPiece) {
+  const auto build = [](Graph& g, bool multi) {
+    // Intervals of 1 to 6 worker pieces, alternating between tiles 0 and 1.
+    const std::vector<std::size_t> sizes = {10, 200, 70, 400, 130, 64, 390, 5, 260, 129};
+    std::size_t n = 0;
+    for (std::size_t s : sizes) n += s;
+    Tensor x = g.add_variable(DType::f32, {n}, "x");
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < sizes.size(); at += sizes[i], ++i)
+      g.set_tile_mapping(x.slice(at, at + sizes[i]), static_cast<unsigned>(i % 2));
+    g.set_host_access(x);
+    Program prog;
+    Tensor out;
+    if (multi) {
+      out = ops::unary(g, prog, ops::UnaryOp::square, x, 0.f, "square");
+    } else {
+      out = ops::clone_like(g, x, "square");
+      const ComputeSetId cs = g.add_compute_set("square");
+      ops::for_each_worker_piece(g, x, 64, [&](unsigned tile, std::size_t b, std::size_t e) {
+        g.add_vertex(cs, {"Unary",
+                          tile,
+                          {{x.slice(b, e)}, {out.slice(b, e)}},
+                          {static_cast<double>(ops::UnaryOp::square), 0.0}});
+      });
+      prog.add(Program::execute(cs));
+    }
+    g.set_host_access(out);
+    return std::tuple{x, out, prog};
+  };
+  Graph multi(tiny()), single(tiny());
+  auto [mx, mout, mprog] = build(multi, true);
+  auto [sx, sout, sprog] = build(single, false);
+  const ComputeSet& cs = multi.compute_sets().back();
+  ASSERT_EQ(cs.vertices.size(), 2u);  // one per tile
+  std::size_t slices = 0;
+  for (const VertexRecord& v : cs.vertices) slices += v.slices;
+  EXPECT_EQ(slices, single.compute_sets().back().vertices.size());
+  EXPECT_GT(slices, 10u);
+
+  Engine me(multi, {{"square", mprog}}), se(single, {{"square", sprog}});
+  const std::vector<float> values = ramp(mx.elements(), -800.f);
+  me.write(mx, std::as_bytes(std::span(values)));
+  se.write(sx, std::as_bytes(std::span(values)));
+  me.run("square");
+  se.run("square");
+  const std::vector<float> got = floats(me, mout);
+  EXPECT_EQ(got, floats(se, sout));
+  for (std::size_t i = 0; i < values.size(); ++i) ASSERT_EQ(got[i], values[i] * values[i]);
+  EXPECT_EQ(me.cycles().compute, se.cycles().compute);
+  EXPECT_GT(me.cycles().compute, 0u);
 }
 
 TEST(Streams, HostToDeviceAndBackThroughCallbacks) {
