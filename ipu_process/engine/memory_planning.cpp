@@ -321,9 +321,8 @@ class TileLayout {
     // No offset below solid_ fits (see solid_), so the search starts there; an entry that
     // begins more than the largest block below it ends below it.
     std::size_t offset = solid_;
-    auto it = std::lower_bound(
-        alive_.begin(), alive_.end(), solid_ - std::min(solid_, largest_),
-        [](const Entry& e, std::size_t b) { return e.begin < b; });
+    auto it = std::lower_bound(alive_.begin(), alive_.end(), solid_ - std::min(solid_, largest_),
+                               [](const Entry& e, std::size_t b) { return e.begin < b; });
     for (; it != alive_.end(); ++it) {
       const Entry& e = *it;
       if (e.begin >= offset + bytes) break;
@@ -433,7 +432,7 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
   // A variable's elements on one tile take one block of its memory (as Poplar lays out a
   // variable's tile elements contiguously), each mapping interval from an aligned offset, so
   // that the rows of a block (channel planes) lie at regular strides.
-  struct Item {                 // 20 bytes: a full-size stage has tens of millions
+  struct Item {  // 20 bytes: a full-size stage has tens of millions
     std::uint32_t var;
     std::uint32_t first, last;  // its first and last mapping intervals on this tile
     std::uint32_t bytes = 0;    // of its elements

@@ -2,6 +2,7 @@
 #include "ipu_process/ops/common.hpp"
 
 #include <algorithm>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 
@@ -47,23 +48,37 @@ void for_each_worker_piece(const Graph& graph, const Tensor& t, std::size_t min_
   }
 }
 
+void for_each_tile_group(std::size_t n, const std::function<unsigned(std::size_t)>& tile_of,
+                         const std::function<void(unsigned, std::span<const std::size_t>)>& fn) {
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return tile_of(a) < tile_of(b); });
+  for (std::size_t first = 0; first < n;) {
+    const unsigned tile = tile_of(order[first]);
+    std::size_t last = first + 1;
+    while (last < n && tile_of(order[last]) == tile) ++last;
+    fn(tile, std::span(order).subspan(first, last - first));
+    first = last;
+  }
+}
+
 void for_each_tile_pieces(const Graph& graph, const Tensor& t, std::size_t min_elements,
                           const std::function<void(unsigned, const Pieces&)>& fn) {
-  auto mapping = graph.tile_mapping(t);
-  std::stable_sort(mapping.begin(), mapping.end(),
-                   [](const TileInterval& a, const TileInterval& b) { return a.tile < b.tile; });
+  const auto mapping = graph.tile_mapping(t);
   Pieces pieces;
-  for (std::size_t i = 0; i < mapping.size();) {
-    const unsigned tile = mapping[i].tile;
-    pieces.clear();
-    for (; i < mapping.size() && mapping[i].tile == tile; ++i) {
-      const auto& iv = mapping[i];
-      const std::size_t per = piece_elements(graph, iv.end - iv.begin, min_elements);
-      for (std::size_t b = iv.begin; b < iv.end; b += per)
-        pieces.emplace_back(b, std::min<std::size_t>(iv.end, b + per));
-    }
-    fn(tile, pieces);
-  }
+  for_each_tile_group(
+      mapping.size(), [&](std::size_t i) { return mapping[i].tile; },
+      [&](unsigned tile, std::span<const std::size_t> intervals) {
+        pieces.clear();
+        for (std::size_t i : intervals) {
+          const auto& iv = mapping[i];
+          const std::size_t per = piece_elements(graph, iv.end - iv.begin, min_elements);
+          for (std::size_t b = iv.begin; b < iv.end; b += per)
+            pieces.emplace_back(b, std::min<std::size_t>(iv.end, b + per));
+        }
+        fn(tile, pieces);
+      });
 }
 
 void add_elementwise_vertices(Graph& graph, ComputeSetId cs, const std::string& codelet,

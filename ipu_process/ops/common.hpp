@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,6 +49,10 @@ Tensor rearrange_like(Graph& graph, Program& prog, const Tensor& src, const Tens
 // each tile's share cut into at most workers_per_tile pieces of at least min_elements.
 void for_each_worker_piece(const Graph& graph, const Tensor& t, std::size_t min_elements,
                            const std::function<void(unsigned, std::size_t, std::size_t)>& fn);
+// Items 0 .. n - 1 grouped by tile: calls fn(tile, items) once per tile, with that tile's items
+// in their order (what one vertex with a worker slice per item takes, see Vertex::slices).
+void for_each_tile_group(std::size_t n, const std::function<unsigned(std::size_t)>& tile_of,
+                         const std::function<void(unsigned, std::span<const std::size_t>)>& fn);
 // The same pieces, a tile at a time: calls fn(tile, pieces) once per tile holding part of t,
 // with that tile's pieces in element order (for one vertex with a worker slice per piece, see
 // Vertex::slices). The tiles come in no particular order.

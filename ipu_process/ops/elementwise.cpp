@@ -107,18 +107,12 @@ void check_same_shape(const Tensor& a, const Tensor& b, const std::string& name)
                                 " vs " + std::to_string(b.elements()) + " elements)");
 }
 
-// One vertex per tile of `layout`, a worker slice per worker piece, connecting the same element
-// range of every operand.
-void map_pieces(Graph& graph, ComputeSetId cs, const std::string& codelet,
-                const std::vector<Tensor>& operands, const Tensor& layout) {
-  add_elementwise_vertices(graph, cs, codelet, operands, layout, kMinElementsPerWorker);
-}
 }  // namespace
 
 Tensor relu(Graph& graph, Program& prog, const Tensor& x, const std::string& name) {
   Tensor out = clone_like(graph, x, name);
   ComputeSetId cs = graph.add_compute_set(name);
-  map_pieces(graph, cs, "Relu", {x, out}, out);
+  add_elementwise_vertices(graph, cs, "Relu", {x, out}, out, kMinElementsPerWorker);
   prog.add(Program::execute(cs));
   return out;
 }
@@ -129,7 +123,7 @@ Tensor relu_grad(Graph& graph, Program& prog, const Tensor& dy, const Tensor& y,
   Tensor dx = clone_like(graph, y, name);
   Tensor dy_local = rearrange_like(graph, prog, dy, y, name + "/dy");
   ComputeSetId cs = graph.add_compute_set(name);
-  map_pieces(graph, cs, "ReluGrad", {dy_local, y, dx}, dx);
+  add_elementwise_vertices(graph, cs, "ReluGrad", {dy_local, y, dx}, dx, kMinElementsPerWorker);
   prog.add(Program::execute(cs));
   return dx;
 }
@@ -139,7 +133,7 @@ Tensor add(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, const 
   Tensor out = clone_like(graph, a, name);
   Tensor b_local = rearrange_like(graph, prog, b, a, name + "/b");
   ComputeSetId cs = graph.add_compute_set(name);
-  map_pieces(graph, cs, "Add", {a, b_local, out}, out);
+  add_elementwise_vertices(graph, cs, "Add", {a, b_local, out}, out, kMinElementsPerWorker);
   prog.add(Program::execute(cs));
   return out;
 }
@@ -188,7 +182,7 @@ void scaled_add_in_place(Graph& graph, Program& prog, const Tensor& acc, const T
 
 void zero(Graph& graph, Program& prog, const Tensor& t, const std::string& name) {
   ComputeSetId cs = graph.add_compute_set(name);
-  map_pieces(graph, cs, "Zero", {t}, t);
+  add_elementwise_vertices(graph, cs, "Zero", {t}, t, kMinElementsPerWorker);
   prog.add(Program::execute(cs));
 }
 

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <limits>
 #include <map>
-#include <numeric>
 #include <stdexcept>
 #include <tuple>
 
@@ -230,37 +229,30 @@ void SetPlan::add_piece_vertices(ComputeSetId cs, const std::string& codelet,
                                  const std::vector<Tensor>& last_field,
                                  const std::vector<double>& extra_params) {
   // Per tile, its pieces in element order: one vertex, a worker slice each.
-  std::vector<std::size_t> order(pieces_.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return pieces_[a].tile < pieces_[b].tile; });
   std::vector<Tensor> flat;
   for (const Tensor& t : operands) flat.push_back(t.flatten());
   Vertex v{codelet, 0, {}, {}};
-  for (std::size_t first = 0; first < order.size();) {
-    const unsigned tile = pieces_[order[first]].tile;
-    std::size_t last = first + 1;
-    while (last < order.size() && pieces_[order[last]].tile == tile) ++last;
-    v.tile = tile;
-    v.slices = last - first;
-    v.fields.assign(flat.size() + wins[order[first]].size() + 1, {});
-    for (std::size_t j = first; j < last; ++j) {
-      const std::size_t i = order[j];
-      const SetPiece& p = pieces_[i];
-      std::size_t f = 0;
-      for (const Tensor& t : flat) v.fields[f++].push_back(t.slice(p.begin, p.end));
-      for (const Tensor& w : wins[i]) v.fields[f++].push_back(w);
-      v.fields[f].push_back(last_field[i]);
-      if (j == first) {
-        v.params = piece_params(p, extra_params);
-      } else {  // this slice's first element and window (set_piece_codelet's slice parameters)
-        v.params.push_back(static_cast<double>(p.begin));
-        v.params.push_back(static_cast<double>(p.lo));
-      }
-    }
-    graph_.add_vertex(cs, v);
-    first = last;
-  }
+  for_each_tile_group(
+      pieces_.size(), [&](std::size_t i) { return pieces_[i].tile; },
+      [&](unsigned tile, std::span<const std::size_t> group) {
+        v.tile = tile;
+        v.slices = group.size();
+        v.fields.assign(flat.size() + wins[group[0]].size() + 1, {});
+        for (std::size_t i : group) {
+          const SetPiece& p = pieces_[i];
+          std::size_t f = 0;
+          for (const Tensor& t : flat) v.fields[f++].push_back(t.slice(p.begin, p.end));
+          for (const Tensor& w : wins[i]) v.fields[f++].push_back(w);
+          v.fields[f].push_back(last_field[i]);
+          if (i == group[0]) {
+            v.params = piece_params(p, extra_params);
+          } else {  // this slice's first element and window (set_piece_codelet's slice params)
+            v.params.push_back(static_cast<double>(p.begin));
+            v.params.push_back(static_cast<double>(p.lo));
+          }
+        }
+        graph_.add_vertex(cs, v);
+      });
 }
 
 }  // namespace ops

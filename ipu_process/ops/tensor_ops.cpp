@@ -7,7 +7,6 @@
 #include <cmath>
 #include <limits>
 #include <map>
-#include <numeric>
 #include <optional>
 #include <stdexcept>
 
@@ -182,51 +181,46 @@ void add_map_affine(Graph& graph, ComputeSetId cs, std::vector<std::pair<Tensor,
   const Tensor flat_out = out.flatten();
   // One vertex per tile, a worker slice per piece in element order (see Vertex::slices): the
   // piece begin and the operands' offsets into their spans vary by slice.
-  std::vector<std::size_t> order(pieces.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return pieces[a].tile < pieces[b].tile; });
   Vertex v{ins.size() == 1 ? "MapAffine" : "MapAffineBinary", 0, {}, {}};
-  for (std::size_t first = 0; first < order.size();) {
-    const unsigned tile = pieces[order[first]].tile;
-    std::size_t last = first + 1;
-    while (last < order.size() && pieces[order[last]].tile == tile) ++last;
-    v.tile = tile;
-    v.slices = last - first;
-    v.fields.assign(ins.size() + 1, {});
-    v.params.clear();
-    for (std::size_t k = first; k < last; ++k) {
-      const Piece& piece = pieces[order[k]];
-      Index offsets[2] = {0, 0};
-      for (std::size_t i = 0; i < ins.size(); ++i) {
-        const auto [begin, tensor] = span_of(tile, i, piece.ranges[i]);
-        v.fields[i].push_back(tensor);
-        offsets[i] = ins[i].offset - begin;
-      }
-      v.fields[ins.size()].push_back(flat_out.slice(piece.b, piece.e));
-      if (k == first) {
-        v.params = {static_cast<double>(op),
-                    scale,
-                    static_cast<double>(ins.size()),
-                    static_cast<double>(shape.size()),
-                    static_cast<double>(piece.b),
-                    static_cast<double>(window.axis < shape.size() ? window.axis : shape.size()),
-                    static_cast<double>(window.begin),
-                    static_cast<double>(window.end),
-                    static_cast<double>(offsets[0]),
-                    static_cast<double>(offsets[1])};
-        for (std::size_t d : shape) v.params.push_back(static_cast<double>(d));
-        for (std::size_t i = 0; i < ins.size(); ++i)
-          for (Index s : ins[i].strides) v.params.push_back(static_cast<double>(s));
-      } else {  // this slice's piece begin and offsets (Codelet::slice_params)
-        v.params.push_back(static_cast<double>(piece.b));
-        for (std::size_t i = 0; i < (ins.size() == 1 ? 1 : 2); ++i)
-          v.params.push_back(static_cast<double>(offsets[i]));
-      }
-    }
-    graph.add_vertex(cs, v);
-    first = last;
-  }
+  for_each_tile_group(
+      pieces.size(), [&](std::size_t i) { return pieces[i].tile; },
+      [&](unsigned tile, std::span<const std::size_t> group) {
+        v.tile = tile;
+        v.slices = group.size();
+        v.fields.assign(ins.size() + 1, {});
+        v.params.clear();
+        for (std::size_t k = 0; k < group.size(); ++k) {
+          const Piece& piece = pieces[group[k]];
+          Index offsets[2] = {0, 0};
+          for (std::size_t i = 0; i < ins.size(); ++i) {
+            const auto [begin, tensor] = span_of(tile, i, piece.ranges[i]);
+            v.fields[i].push_back(tensor);
+            offsets[i] = ins[i].offset - begin;
+          }
+          v.fields[ins.size()].push_back(flat_out.slice(piece.b, piece.e));
+          if (k == 0) {
+            v.params = {
+                static_cast<double>(op),
+                scale,
+                static_cast<double>(ins.size()),
+                static_cast<double>(shape.size()),
+                static_cast<double>(piece.b),
+                static_cast<double>(window.axis < shape.size() ? window.axis : shape.size()),
+                static_cast<double>(window.begin),
+                static_cast<double>(window.end),
+                static_cast<double>(offsets[0]),
+                static_cast<double>(offsets[1])};
+            for (std::size_t d : shape) v.params.push_back(static_cast<double>(d));
+            for (std::size_t i = 0; i < ins.size(); ++i)
+              for (Index s : ins[i].strides) v.params.push_back(static_cast<double>(s));
+          } else {  // this slice's piece begin and offsets (Codelet::slice_params)
+            v.params.push_back(static_cast<double>(piece.b));
+            for (std::size_t i = 0; i < (ins.size() == 1 ? 1 : 2); ++i)
+              v.params.push_back(static_cast<double>(offsets[i]));
+          }
+        }
+        graph.add_vertex(cs, v);
+      });
 }
 
 // One compute set of MapAffine vertices, preceded by the exchange of its operands.
@@ -585,10 +579,11 @@ Tensor cast(Graph& graph, Program& prog, const Tensor& x, DType to, Rounding rou
                {static_cast<double>(seed >> 32), static_cast<double>(seed & 0xffffffffu),
                 static_cast<double>(pieces[0].first)},
                pieces.size()};
-      for (const auto& [b, e] : pieces) {
+      for (std::size_t k = 0; k < pieces.size(); ++k) {
+        const auto [b, e] = pieces[k];
         v.fields[0].push_back(xf.slice(b, e));
         v.fields[1].push_back(of.slice(b, e));
-        if (b != pieces[0].first) v.params.push_back(static_cast<double>(b));
+        if (k > 0) v.params.push_back(static_cast<double>(b));
       }
       graph.add_vertex(cs, v);
     });
