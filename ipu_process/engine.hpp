@@ -116,6 +116,11 @@ struct CollectiveBinding {
 class Engine {
  public:
   Engine(const Graph& graph, std::map<std::string, Program> programs, EngineOptions options = {});
+  // The same, freeing each compute set's vertex tables in the graph once compiled (see
+  // Graph::release_vertex_tables): for an engine that is the graph's only one.
+  struct ReleaseVertexTables {};
+  Engine(Graph& graph, std::map<std::string, Program> programs, EngineOptions options,
+         ReleaseVertexTables);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -173,7 +178,11 @@ class Engine {
   // The cycles of an exchange-and-compute step: sync, exchange, compute, sync.
   void account_tile_step(const Node& step);
 
+  Engine(const Graph& graph, Graph* releasable, std::map<std::string, Program> programs,
+         EngineOptions options);
+
   const Graph& graph_;
+  Graph* releasable_ = nullptr;  // the graph whose vertex tables go once compiled
   EngineOptions options_;
   MemoryReport memory_;
   // The memory of every tile, in one block of host memory (see allocate_memory).
@@ -185,6 +194,7 @@ class Engine {
     TileMemoryBlock(const TileMemoryBlock&) = delete;
     TileMemoryBlock& operator=(TileMemoryBlock&& o) noexcept;
     std::byte* data() const { return data_; }
+    std::size_t size() const { return bytes_; }
 
    private:
     std::byte* data_ = nullptr;

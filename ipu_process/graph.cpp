@@ -529,6 +529,15 @@ void shrink_tables(ComputeSet& cs) {
 }
 }  // namespace
 
+void Graph::release_vertex_tables(ComputeSetId id) {
+  ComputeSet& cs = compute_sets_.at(id);
+  std::vector<VertexRecord>().swap(cs.vertices);
+  std::vector<std::uint32_t>().swap(cs.field_ends);
+  std::vector<FieldRegion>().swap(cs.regions);
+  std::vector<std::uint32_t>().swap(cs.slice_cycles);
+  cs.released = true;
+}
+
 void Graph::shrink_to_fit() {
   for (ComputeSet& cs : compute_sets_) shrink_tables(cs);
   compute_sets_.shrink_to_fit();

@@ -183,6 +183,7 @@ struct ComputeSet {
   std::vector<FieldRegion> regions;
   std::vector<double> params;
   std::vector<std::uint32_t> slice_cycles;  // of the worker slices of vertices with several
+  bool released = false;  // the vertex tables were freed (see Graph::release_vertex_tables)
 
   std::uint64_t cycles_of(const VertexRecord& v, std::size_t slice) const {
     return v.slices == 1 ? v.cycles : slice_cycles[v.cycles + slice];
@@ -238,6 +239,11 @@ class Graph {
   bool keeps_vertex_params() const { return keep_vertex_params_; }
 
   ComputeSetId add_compute_set(std::string name);
+  // Frees the compute set's vertex records and field regions, keeping its name and the
+  // vertices' parameters (which an engine reads while it runs): an engine built with
+  // Engine::ReleaseVertexTables does this once it has compiled the compute set, so that a
+  // training rank does not hold every vertex twice. The compute set cannot be compiled again.
+  void release_vertex_tables(ComputeSetId cs);
   // Gives back what the compute sets' tables reserved for growth (call when lowering is done).
   void shrink_to_fit();
   // The same for the compute sets and variables made since the last call (call between ops: a

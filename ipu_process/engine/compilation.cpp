@@ -64,10 +64,94 @@ std::vector<std::size_t> group_by(const std::vector<unsigned>& keys, unsigned bu
   for (std::size_t i = 0; i < keys.size(); ++i) order[next[keys[i]]++] = i;
   return begin;
 }
+
+// Whether an exchange reads any of the ranges, and adding what it reads to them.
+template <class Exchange>
+bool reads_any(const Exchange& ex, const ByteRanges& ranges) {
+  bool found = false;
+  for (const auto& tr : ex.transfers) {
+    ex.for_each_read(tr, [&](const std::byte* src, std::size_t bytes) {
+      found = found || ranges.overlaps(src, bytes);
+    });
+    if (found) return true;
+  }
+  return false;
+}
+template <class Exchange>
+void add_reads(const Exchange& ex, ByteRanges& ranges) {
+  for (const auto& tr : ex.transfers)
+    ex.for_each_read(tr, [&](const std::byte* src, std::size_t bytes) { ranges.add(src, bytes); });
+}
+
+// A gather takes a run of transfers of up to this many rows each (4 bytes a row, against a
+// transfer's 32 bytes).
+constexpr std::uint32_t kMaxGatheredRows = 8;
 }  // namespace
 
+void Engine::CompiledExchange::make_gathers(const std::byte* block, std::size_t block_bytes) {
+  if (block == nullptr || block_bytes > UINT32_MAX) return;
+  base = block;
+  const auto gatherable = [](const Transfer& t) {
+    return !t.gather() && t.count <= kMaxGatheredRows && (t.count == 1 || t.dst_stride == t.bytes);
+  };
+  // Transfer j continues the destination of transfer j - 1 at the same row size.
+  const auto continues = [](const Transfer& a, const Transfer& b) {
+    return b.bytes == a.bytes && b.dst == a.dst + std::size_t{a.count} * a.bytes;
+  };
+  // In place: a transfer is written no earlier than it is read. When grouped by tile, a gather
+  // stays within its tile's group.
+  const std::size_t segments = tile_begin.empty() ? 1 : tile_begin.size() - 1;
+  std::size_t w = 0;
+  for (std::size_t seg = 0; seg < segments; ++seg) {
+    const std::size_t b = tile_begin.empty() ? 0 : tile_begin[seg],
+                      e = tile_begin.empty() ? transfers.size() : tile_begin[seg + 1];
+    if (!tile_begin.empty()) tile_begin[seg] = w;
+    for (std::size_t i = b; i < e;) {
+      std::size_t j = i + 1;
+      std::uint64_t rows = transfers[i].count;
+      if (gatherable(transfers[i]))
+        while (j < e && gatherable(transfers[j]) && continues(transfers[j - 1], transfers[j]) &&
+               rows + transfers[j].count <= UINT32_MAX)
+          rows += transfers[j++].count;
+      if (j - i < 2 || sources.size() + rows > UINT32_MAX) {
+        transfers[w++] = transfers[i++];
+        continue;
+      }
+      const Transfer first = transfers[i];
+      for (std::size_t k = i; k < j; ++k) {
+        const Transfer& t = transfers[k];
+        for (std::uint32_t r = 0; r < t.count; ++r)
+          sources.push_back(
+              static_cast<std::uint32_t>(t.src + std::size_t{r} * t.src_stride - block));
+      }
+      transfers[w++] = {nullptr,
+                        first.dst,
+                        first.bytes,
+                        static_cast<std::uint32_t>(rows),
+                        static_cast<std::uint32_t>(sources.size() - rows),
+                        first.bytes};
+      i = j;
+    }
+  }
+  if (!tile_begin.empty()) tile_begin.back() = w;
+  transfers.resize(w);
+  transfers.shrink_to_fit();
+  sources.shrink_to_fit();
+}
+
 Engine::Engine(const Graph& graph, std::map<std::string, Program> programs, EngineOptions options)
-    : graph_(graph), options_(options), pool_(std::make_unique<ThreadPool>(options.threads)) {
+    : Engine(graph, nullptr, std::move(programs), options) {}
+
+Engine::Engine(Graph& graph, std::map<std::string, Program> programs, EngineOptions options,
+               ReleaseVertexTables)
+    : Engine(graph, &graph, std::move(programs), options) {}
+
+Engine::Engine(const Graph& graph, Graph* releasable, std::map<std::string, Program> programs,
+               EngineOptions options)
+    : graph_(graph),
+      releasable_(releasable),
+      options_(options),
+      pool_(std::make_unique<ThreadPool>(options.threads)) {
   if (options_.executable && !graph.keeps_vertex_params())
     throw std::logic_error(
         "an engine that can run needs the vertices' parameters, which this graph dropped "
@@ -107,12 +191,16 @@ Engine::Node Engine::compile(const Program& p) {
         node.index = it->second;
         break;
       }
+      if (cs.released)
+        throw std::logic_error("compute set '" + cs.name +
+                               "': its vertex tables were released by an earlier engine");
       auto ccs = std::make_unique<CompiledComputeSet>();
       // A plan keeps only the cycles (the tiles' checks are made all the same).
       const bool tables = options_.executable;
       if (tables) {
         ccs->regions.reserve(cs.regions.size());
-        ccs->fields.reserve(cs.field_ends.size());
+        ccs->field_ends.reserve(cs.field_ends.size());
+        ccs->base = tile_memory_.data();
         ccs->vertices.reserve(cs.vertices.size());
       }
       const auto& registry = CodeletRegistry::builtin();
@@ -121,6 +209,16 @@ Engine::Node Engine::compile(const Program& p) {
       std::vector<std::uint64_t> worker_loads(std::size_t{arch.tiles} * workers, 0);
       std::vector<Piece> pieces;
       std::size_t vi = 0, fields_so_far = 0;
+      const auto pack = [&](const std::byte* data, std::size_t elements, DType dtype) {
+        CompiledComputeSet::PackedRegion packed;
+        if (elements >= (std::size_t{1} << 28))
+          throw std::length_error("a vertex region of " + std::to_string(elements) +
+                                  " elements: the run table holds fewer than 2^28 a region");
+        packed.elements_and_dtype =
+            static_cast<std::uint32_t>(elements << 4 | static_cast<std::uint32_t>(dtype));
+        if (data != nullptr) packed.offset = static_cast<std::uint32_t>(data - tile_memory_.data());
+        return packed;
+      };
       for (const VertexRecord& v : cs.vertices) {
         const Codelet& codelet = registry.at(v.codelet);
         CompiledComputeSet::VertexRuntime rt{
@@ -147,12 +245,12 @@ Engine::Node Engine::compile(const Program& p) {
                                      graph_.describe(region()) +
                                      " is not contiguous in tile memory; split it into regions");
             if (!tables) continue;
-            ccs->regions.push_back(pieces.empty()
-                                       ? Region{nullptr, 0, dtype}
-                                       : Region{pieces[0].data, field_region.elements, dtype});
+            ccs->regions.push_back(
+                pack(pieces.empty() ? nullptr : pieces[0].data, field_region.elements, dtype));
             rt.widens_float16 =
                 rt.widens_float16 || (dtype == DType::f16 && !codelet.reads_float16_storage);
           }
+          if (tables) ccs->field_ends.push_back(static_cast<std::uint32_t>(ccs->regions.size()));
         }
         if (tables) ccs->vertices.push_back(rt);
         fields_so_far += v.fields;
@@ -168,14 +266,6 @@ Engine::Node Engine::compile(const Program& p) {
           worker_loads.empty() ? 0 : *std::max_element(worker_loads.begin(), worker_loads.end());
       if (tables) {  // (a plan keeps only the cycles)
         ccs->params = cs.params;
-        // Spans into the region table are made once it has stopped growing.
-        std::size_t cursor = 0;
-        for (const VertexRecord& v : cs.vertices)
-          for (std::size_t f = 0; f < v.fields; ++f) {
-            const std::size_t n = cs.field(v, f).size();
-            ccs->fields.emplace_back(ccs->regions.data() + cursor, n);
-            cursor += n;
-          }
         std::vector<unsigned> tiles;
         tiles.reserve(ccs->vertices.size());
         for (const auto& rt : ccs->vertices) tiles.push_back(rt.tile);
@@ -184,6 +274,7 @@ Engine::Node Engine::compile(const Program& p) {
       node.index = compute_sets_.size();
       compiled_compute_sets_.emplace(p.compute_set(), node.index);
       compute_sets_.push_back(std::move(ccs));
+      if (releasable_ != nullptr) releasable_->release_vertex_tables(p.compute_set());
       break;
     }
     case Program::Kind::copy: {
@@ -293,8 +384,7 @@ Engine::Node Engine::compile(const Program& p) {
       ByteRanges written;
       for (const auto& tr : ex->transfers) written.add(tr.dst, tr.dst_span());
       written.seal();
-      if (std::none_of(ex->transfers.begin(), ex->transfers.end(),
-                       [&](const auto& tr) { return written.overlaps(tr.src, tr.src_span()); })) {
+      if (!reads_any(*ex, written)) {
         std::vector<std::size_t> order;
         ex->tile_begin = group_by(dst_tiles, arch.tiles, order);
         if (!std::is_sorted(dst_tiles.begin(), dst_tiles.end())) {  // else already grouped
@@ -304,6 +394,7 @@ Engine::Node Engine::compile(const Program& p) {
           ex->transfers = std::move(grouped);
         }
       }
+      ex->make_gathers(tile_memory_.data(), tile_memory_.size());
       node.index = exchanges_.size();
       compiled_exchanges_.emplace(p.identity(), node.index);
       exchanges_.push_back(std::move(ex));
@@ -368,12 +459,9 @@ void Engine::fuse_exchanges(Node& sequence) const {
     // what they would after the whole exchange. What no vertex may do is change bytes that a
     // transfer to a later tile still has to read: no vertex region may overlap a source.
     ByteRanges touched;
-    for (std::size_t r = 0; r < cs.regions.size(); ++r)
-      touched.add(cs.regions[r].data, cs.region_bytes(r));
+    cs.for_each_region([&](const std::byte* data, std::size_t bytes) { touched.add(data, bytes); });
     touched.seal();
-    if (std::any_of(ex.transfers.begin(), ex.transfers.end(),
-                    [&](const auto& tr) { return touched.overlaps(tr.src, tr.src_span()); }))
-      continue;
+    if (reads_any(ex, touched)) continue;
     steps[i + 1].exchange = steps[i].index;
     steps[i].kind = Program::Kind::sequence;  // now empty: dropped below
   }
@@ -446,11 +534,12 @@ void Engine::chain_tile_steps(Node& sequence) const {
         TileGroups joined = groups;
         for (std::size_t t = 0; t < tiles && joined.largest() <= max_group; ++t)
           for (std::size_t k = ex.tile_begin[t]; k < ex.tile_begin[t + 1]; ++k)
-            joined.join(tile_at(ex.transfers[k].src), static_cast<unsigned>(t));
+            ex.for_each_read(ex.transfers[k], [&](const std::byte* src, std::size_t) {
+              joined.join(tile_at(src), static_cast<unsigned>(t));
+            });
         if (joined.largest() > max_group) break;
         if (j == i + 1) {
-          for (const auto& tr : exchanges_[*steps[i].exchange]->transfers)
-            read.add(tr.src, tr.src_span());
+          add_reads(*exchanges_[*steps[i].exchange], read);
           read.seal();
         }
         // A group runs all its steps before the next group starts, so no later step may write
@@ -460,11 +549,12 @@ void Engine::chain_tile_steps(Node& sequence) const {
                         [&](const auto& tr) { return read.overlaps(tr.dst, tr.dst_span()); }))
           break;
         bool clash = false;
-        for (std::size_t r = 0; r < cs.regions.size() && !clash; ++r)
-          clash = read.overlaps(cs.regions[r].data, cs.region_bytes(r));
+        cs.for_each_region([&](const std::byte* data, std::size_t bytes) {
+          clash = clash || read.overlaps(data, bytes);
+        });
         if (clash) break;
         groups = std::move(joined);
-        for (const auto& tr : ex.transfers) read.add(tr.src, tr.src_span());
+        add_reads(ex, read);
         read.seal();
       }
       if (j - i >= 2) {

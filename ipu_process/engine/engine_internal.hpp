@@ -19,31 +19,63 @@ struct Engine::CompiledComputeSet {
   struct VertexRuntime {
     const Codelet* codelet;
     std::uint32_t tile;
-    std::uint32_t field_begin;  // into fields
+    std::uint32_t field_begin;  // into field_ends
     std::uint32_t param_begin;  // into params
     std::uint32_t param_count;
     std::uint32_t slices;  // worker slices (see Vertex)
     std::uint16_t field_count;
     bool widens_float16 = false;  // has float16 regions and sees them as float32
   };
-  std::vector<Region> regions;
-  std::vector<std::span<const Region>> fields;
+  // A region as the run table keeps it, 8 bytes: its offset in the tile memory block, its
+  // element count and dtype (a region lies on one tile: far fewer than 2^28 elements). The
+  // regions of a vertex become Regions only while it runs.
+  struct PackedRegion {
+    static constexpr std::uint32_t kNull = UINT32_MAX;  // no tile memory (an empty region)
+    std::uint32_t offset = kNull;
+    std::uint32_t elements_and_dtype = 0;  // elements << 4 | dtype
+    Region unpack(std::byte* base) const {
+      return {offset == kNull ? nullptr : base + offset, elements_and_dtype >> 4,
+              static_cast<DType>(elements_and_dtype & 15U)};
+    }
+  };
+  std::vector<PackedRegion> regions;
+  // Field k (over the whole compute set) holds regions[field_ends[k - 1] .. field_ends[k]).
+  std::vector<std::uint32_t> field_ends;
+  std::byte* base = nullptr;  // the tile memory block
   // The graph's parameter table of the compute set (the graph outlives the engine): not copied.
   std::span<const double> params;
   std::vector<VertexRuntime> vertices;
 
-  std::size_t region_bytes(std::size_t r) const {
-    return regions[r].elements * dtype_size(regions[r].dtype);
-  }
   // The vertices of tile t are by_tile[tile_begin[t] .. tile_begin[t + 1]), in graph order.
   std::vector<std::size_t> tile_begin, by_tile;
   std::uint64_t cycles = 0;  // max over tiles of the busiest worker
+
+  // Calls f(data, bytes) for each region of each vertex.
+  template <class F>
+  void for_each_region(F&& f) const {
+    for (const PackedRegion& packed : regions) {
+      const Region r = packed.unpack(base);
+      f(r.data, std::size_t{r.elements} * dtype_size(r.dtype));
+    }
+  }
 
   // Vertex i of the compute set's `run`-th execution in the engine's life (keys stochastic
   // rounding, so draws differ from run to run but not with the thread count).
   void run_vertex(std::size_t i, const Float16Stores& stores, std::uint64_t run) const {
     const VertexRuntime& v = vertices[i];
-    const auto vertex_fields = std::span(fields).subspan(v.field_begin, v.field_count);
+    // The vertex's fields as Regions, in per-thread scratch.
+    thread_local std::vector<Region> unpacked;
+    thread_local std::vector<std::span<const Region>> vertex_fields;
+    const std::size_t first = v.field_begin == 0 ? 0 : field_ends[v.field_begin - 1];
+    const std::size_t last = field_ends[v.field_begin + v.field_count - 1];
+    unpacked.resize(last - first);
+    for (std::size_t r = first; r < last; ++r) unpacked[r - first] = regions[r].unpack(base);
+    vertex_fields.resize(v.field_count);
+    for (std::size_t f = 0, at = first; f < v.field_count; ++f) {
+      const std::size_t end = field_ends[v.field_begin + f];
+      vertex_fields[f] = std::span<const Region>(unpacked.data() + (at - first), end - at);
+      at = end;
+    }
     const auto vertex_params = std::span(params).subspan(v.param_begin, v.param_count);
     const std::uint64_t key = counter_hash(counter_hash(stores.seed ^ counter_hash(run)) + i);
     if (v.slices == 1) {
@@ -56,16 +88,16 @@ struct Engine::CompiledComputeSet {
     thread_local std::vector<double> slice_params;
     const Codelet& codelet = *v.codelet;
     const std::size_t p = codelet.slice_params.size();
-    const std::size_t base = vertex_params.size() - (v.slices - 1) * p;
+    const std::size_t base_params = vertex_params.size() - (v.slices - 1) * p;
     slice_params.assign(vertex_params.begin(),
-                        vertex_params.begin() + static_cast<std::ptrdiff_t>(base));
+                        vertex_params.begin() + static_cast<std::ptrdiff_t>(base_params));
     slice_fields.assign(vertex_fields.begin(), vertex_fields.end());
     for (std::size_t k = 0; k < v.slices; ++k) {
       for (std::size_t f = 0; f < vertex_fields.size(); ++f)
         if (codelet.sliced_mask >> f & 1U) slice_fields[f] = vertex_fields[f].subspan(k, 1);
       if (k > 0)
         for (std::size_t j = 0; j < p; ++j)
-          slice_params[codelet.slice_params[j]] = vertex_params[base + (k - 1) * p + j];
+          slice_params[codelet.slice_params[j]] = vertex_params[base_params + (k - 1) * p + j];
       run_slice(v, slice_fields, slice_params, stores.rounding,
                 k == 0 ? key : counter_hash(key + k));
     }
@@ -153,29 +185,22 @@ struct Engine::CompiledComputeSet {
 };
 
 struct Engine::CompiledExchange {
-  // `count` rows of `bytes` bytes from one tile to one tile, row r from src + r * src_stride to
-  // dst + r * dst_stride, in order (the rows of a tile's block of channel planes: one record).
+  // `count` rows of `bytes` bytes to one tile, in order. A strided transfer (src not null) moves
+  // row r from src + r * src_stride to dst + r * dst_stride, all from one tile (the rows of a
+  // tile's block of channel planes: one record). A gather (src null) fills its destination row
+  // after row (dst_stride == bytes) from sources anywhere: row r comes from
+  // base + sources[src_stride + r], 4 bytes a row (the pieces of a channel block that many
+  // tiles' planes make up).
   struct Transfer {
     const std::byte* src;
     std::byte* dst;
     std::uint32_t bytes, count;
     std::uint32_t src_stride, dst_stride;
+    bool gather() const { return src == nullptr; }
     // The bytes from the first row's start to the last row's end (what a check must assume the
-    // transfer reads or writes).
+    // transfer writes; also what a strided one reads).
     std::size_t src_span() const { return span(src_stride); }
     std::size_t dst_span() const { return span(dst_stride); }
-    void run() const {  // may read what an earlier row wrote
-      for (std::uint32_t r = 0; r < count; ++r)
-        std::memmove(dst + std::size_t{r} * dst_stride, src + std::size_t{r} * src_stride, bytes);
-    }
-    void run_disjoint() const {  // reads nothing any transfer writes
-      if (count == 1 || (src_stride == bytes && dst_stride == bytes)) {
-        std::memcpy(dst, src, std::size_t{count} * bytes);
-        return;
-      }
-      for (std::uint32_t r = 0; r < count; ++r)
-        std::memcpy(dst + std::size_t{r} * dst_stride, src + std::size_t{r} * src_stride, bytes);
-    }
 
    private:
     std::size_t span(std::uint32_t stride) const { return std::size_t{count - 1} * stride + bytes; }
@@ -185,8 +210,66 @@ struct Engine::CompiledExchange {
   // transfers[tile_begin[t] .. tile_begin[t + 1]), and tiles can be filled in any order or at
   // once, with the same result. Otherwise tile_begin is empty and they run in program order.
   std::vector<Transfer> transfers;
+  std::vector<std::uint32_t> sources;  // the gathers' source offsets from base
+  const std::byte* base = nullptr;     // the tile memory block
   std::vector<std::size_t> tile_begin;
   std::uint64_t cycles = 0;
+
+  // Turns runs of rows that fill a destination one after another into gathers (once the
+  // transfers are in their final order; `block` is the tile memory, addressed in 32 bits).
+  void make_gathers(const std::byte* block, std::size_t block_bytes);
+
+  // Calls f(data, bytes) for what transfer t reads: its span, or each row of a gather.
+  template <class F>
+  void for_each_read(const Transfer& t, F&& f) const {
+    if (!t.gather()) {
+      f(t.src, t.src_span());
+      return;
+    }
+    for (std::uint32_t r = 0; r < t.count; ++r) f(base + sources[t.src_stride + r], t.bytes);
+  }
+  void run(const Transfer& t) const {  // a row may read what an earlier row wrote
+    for (std::uint32_t r = 0; r < t.count; ++r)
+      std::memmove(t.dst + std::size_t{r} * t.dst_stride, row_source(t, r), t.bytes);
+  }
+  void run_disjoint(const Transfer& t) const {  // reads nothing any transfer writes
+    if (t.gather()) {
+      const std::uint32_t* from = sources.data() + t.src_stride;
+      switch (t.bytes) {  // the common sizes as fixed-size copies, not calls
+        case 2:
+          return gather_rows<2>(t.dst, from, t.count);
+        case 4:
+          return gather_rows<4>(t.dst, from, t.count);
+        case 8:
+          return gather_rows<8>(t.dst, from, t.count);
+        case 16:
+          return gather_rows<16>(t.dst, from, t.count);
+        case 32:
+          return gather_rows<32>(t.dst, from, t.count);
+        default:
+          for (std::uint32_t r = 0; r < t.count; ++r)
+            std::memcpy(t.dst + std::size_t{r} * t.bytes, base + from[r], t.bytes);
+          return;
+      }
+    }
+    if (t.count == 1 || (t.src_stride == t.bytes && t.dst_stride == t.bytes)) {
+      std::memcpy(t.dst, t.src, std::size_t{t.count} * t.bytes);
+      return;
+    }
+    for (std::uint32_t r = 0; r < t.count; ++r)
+      std::memcpy(t.dst + std::size_t{r} * t.dst_stride, t.src + std::size_t{r} * t.src_stride,
+                  t.bytes);
+  }
+
+ private:
+  const std::byte* row_source(const Transfer& t, std::uint32_t r) const {
+    return t.gather() ? base + sources[t.src_stride + r] : t.src + std::size_t{r} * t.src_stride;
+  }
+  template <std::size_t N>
+  void gather_rows(std::byte* dst, const std::uint32_t* from, std::uint32_t count) const {
+    for (std::uint32_t r = 0; r < count; ++r)
+      std::memcpy(dst + std::size_t{r} * N, base + from[r], N);
+  }
 };
 
 struct Engine::Node {

@@ -49,7 +49,7 @@ void Engine::run_tile(const Node& step, std::size_t tile, std::uint64_t run) con
   const CompiledExchange& ex = *exchanges_[*step.exchange];
   const CompiledComputeSet& cs = *compute_sets_[step.index];
   for (std::size_t i = ex.tile_begin[tile]; i < ex.tile_begin[tile + 1]; ++i)
-    ex.transfers[i].run_disjoint();
+    ex.run_disjoint(ex.transfers[i]);
   for (std::size_t i = cs.tile_begin[tile]; i < cs.tile_begin[tile + 1]; ++i)
     cs.run_vertex(cs.by_tile[i], options_.float16_stores, run);
 }
@@ -124,11 +124,11 @@ void Engine::execute(const Node& node) {
     case Program::Kind::copy: {
       const CompiledExchange& ex = *exchanges_[node.index];
       if (ex.tile_begin.empty()) {
-        for (const auto& tr : ex.transfers) tr.run();
+        for (const auto& tr : ex.transfers) ex.run(tr);
       } else {  // no transfer reads what another writes: the tiles fill at once
         pool_->parallel_for(arch.tiles, [&](std::size_t b, std::size_t e) {
           for (std::size_t i = ex.tile_begin[b]; i < ex.tile_begin[e]; ++i)
-            ex.transfers[i].run_disjoint();
+            ex.run_disjoint(ex.transfers[i]);
         });
       }
       account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");

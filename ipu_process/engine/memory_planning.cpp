@@ -611,6 +611,11 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
   std::size_t total = 0;
   for (unsigned t = 0; t < arch.tiles; ++t) total += (used[t] + kLine - 1) / kLine * kLine;
   if (total == 0) return;
+  // The run tables address tile memory with 32-bit offsets (an IPU's tiles hold under 1 GiB).
+  if (total > UINT32_MAX)
+    throw std::length_error("the tiles use " + std::to_string(total) +
+                            " bytes in all; an engine that runs addresses at most 4 GiB of tile "
+                            "memory per IPU: use an architecture with less memory");
   tile_memory_ = TileMemoryBlock(total);
   std::byte* next = tile_memory_.data();
   for (unsigned t = 0; t < arch.tiles; ++t)

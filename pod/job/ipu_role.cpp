@@ -1,5 +1,7 @@
 // The IPU ranks of a training job: compile the model onto the emulated IPU, take batches from
 // the host's TCP streams, all-reduce gradients over the fabric, send losses and reports back.
+#include <malloc.h>
+
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -135,7 +137,13 @@ void IpuRole::compile() {
                          .float16_stores = {.rounding = config_.stochastic_rounding == "on"
                                                             ? ipu::Rounding::stochastic
                                                             : ipu::Rounding::nearest_even,
-                                            .seed = config_.seed}});
+                                            .seed = config_.seed}},
+      ipu::Engine::ReleaseVertexTables{});
+#if defined(__GLIBC__)
+  // The graph's vertex tables and the lowering's working sets are freed but stay resident in
+  // the heap's free lists; give those pages back before the run touches its tile memory.
+  malloc_trim(0);
+#endif
   checkpointed_by_name_.insert(compiled_.checkpointed.begin(), compiled_.checkpointed.end());
 }
 
