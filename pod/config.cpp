@@ -2,12 +2,71 @@
 #include "pod/config.hpp"
 
 #include <cmath>
+#include <limits>
+#include <sstream>
 
 #include "fabric/topology.hpp"
 #include "ipu_process/arch.hpp"
 #include "models/zoo.hpp"
 
 namespace ipupod::pod {
+namespace {
+
+std::string number_text(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// The product of options' values, or a UsageError naming them when it passes `limit`.
+std::size_t checked_product(std::initializer_list<std::pair<std::size_t, const char*>> factors,
+                            std::size_t limit, const std::string& what) {
+  std::size_t product = 1;
+  bool over = false;
+  std::string named;
+  for (const auto& [value, option] : factors) {
+    named += (named.empty() ? "" : " x ") + std::string(option) + " " + std::to_string(value);
+    if (over || (value != 0 && product > limit / value)) {
+      over = true;
+    } else {
+      product *= value;
+    }
+  }
+  if (over)
+    throw UsageError(named + " makes more than " + std::to_string(limit) + " " + what +
+                     "; lower one of them");
+  return product;
+}
+
+}  // namespace
+
+void validate_counts(const TrainConfig& c) {
+  const auto count = [](std::size_t v, std::size_t min, const char* option) {
+    if (v < min || v > kMaxCount)
+      throw UsageError(std::string(option) + " must be a whole number in [" + std::to_string(min) +
+                       ", " + std::to_string(kMaxCount) + "], got " + std::to_string(v));
+  };
+  count(c.replicas, 1, "--replicas");
+  count(c.stages, 1, "--stages");
+  count(c.micro_batch, 1, "--micro-batch");
+  count(c.gradient_accumulation, 1, "--gradient-accumulation");
+  count(c.device_iterations, 1, "--device-iterations");
+  count(c.epochs, 1, "--epochs");
+  for (std::size_t width : c.hidden) count(width, 1, "--hidden");
+  count(c.warmup_steps, 0, "--warmup-steps");
+  count(c.shuffle_window, 0, "--shuffle-window");
+  count(c.trace_events, 0, "--trace-events");
+  count(c.checkpoint_every, 0, "--checkpoint-every");
+  count(c.checkpoint_keep, 0, "--checkpoint-keep");
+  checked_product({{c.micro_batch, "--micro-batch"},
+                   {c.gradient_accumulation, "--gradient-accumulation"},
+                   {c.device_iterations, "--device-iterations"},
+                   {c.replicas, "--replicas"}},
+                  kMaxCount, "samples per host step");
+  // The world is 1 host + replicas x stages IPU ranks, and MPI counts ranks with int.
+  checked_product({{c.replicas, "--replicas"}, {c.stages, "--stages"}}, kMaxCount - 1,
+                  "IPU ranks (1 host + replicas x stages must fit in an MPI world)");
+}
 
 void validate_pipeline(const TrainConfig& c) {
   if (c.pipeline_schedule != "grouped" && c.pipeline_schedule != "sequential")
@@ -34,15 +93,19 @@ void validate_pipeline(const TrainConfig& c) {
 }
 
 void validate(const TrainConfig& c, int world_size) {
-  const auto positive = [](std::size_t v, const char* option) {
-    if (v == 0) throw UsageError(std::string(option) + " must be at least 1, got 0");
+  validate_counts(c);
+  const auto finite_in = [](double v, double min, double max, const char* option) {
+    if (!(std::isfinite(v) && v > min && v <= max))
+      throw UsageError(std::string(option) + " must be a finite number " +
+                       (max == std::numeric_limits<double>::max()
+                            ? "> " + number_text(min)
+                            : "in (" + number_text(min) + ", " + number_text(max) + "]") +
+                       ", got " + number_text(v));
   };
-  positive(c.replicas, "--replicas");
-  positive(c.stages, "--stages");
-  positive(c.micro_batch, "--micro-batch");
-  positive(c.gradient_accumulation, "--gradient-accumulation");
-  positive(c.device_iterations, "--device-iterations");
-  positive(c.epochs, "--epochs");
+  finite_in(c.timeout_s, 0, kMaxTimeoutSeconds, "--timeout");
+  finite_in(c.width, 0, kMaxModelMultiplier, "--width");
+  finite_in(c.depth, 0, kMaxModelMultiplier, "--depth");
+  finite_in(c.learning_rate, 0, std::numeric_limits<double>::max(), "--learning-rate");
   if (c.shuffle_window > 0 && !c.shuffle)
     throw UsageError("--shuffle-window " + std::to_string(c.shuffle_window) +
                      " shuffles in windows, --no-shuffle reads in file order; drop one of them");
@@ -74,13 +137,12 @@ void validate(const TrainConfig& c, int world_size) {
     throw UsageError(std::string("--topology: ") + e.what());
   }
   validate_pipeline(c);
-  if (!(c.learning_rate > 0)) throw UsageError("--learning-rate must be positive");
   if (c.optimizer != "sgd" && c.optimizer != "sgd_momentum" && c.optimizer != "adam" &&
       c.optimizer != "adamw" && c.optimizer != "lamb")
     throw UsageError("--optimizer must be sgd, sgd_momentum, adam, adamw or lamb, got '" +
                      c.optimizer + "'");
-  if (!(c.clip_norm >= 0))
-    throw UsageError("--clip-norm must be >= 0 (0: no clipping), got " +
+  if (!(c.clip_norm >= 0) || !std::isfinite(c.clip_norm))
+    throw UsageError("--clip-norm must be a finite number >= 0 (0: no clipping), got " +
                      std::to_string(c.clip_norm));
   if (c.replicated_tensor_sharding && (c.optimizer == "lamb" || c.clip_norm > 0))
     throw UsageError("--replicated-tensor-sharding does not support " +
@@ -98,8 +160,9 @@ void validate(const TrainConfig& c, int world_size) {
         "--checkpoint-every and --resume, or --replicated-tensor-sharding");
   if (!(c.momentum >= 0 && c.momentum < 1))
     throw UsageError("--momentum must be in [0, 1), got " + std::to_string(c.momentum));
-  if (!(c.weight_decay >= 0))
-    throw UsageError("--weight-decay must be >= 0, got " + std::to_string(c.weight_decay));
+  if (!(c.weight_decay >= 0) || !std::isfinite(c.weight_decay))
+    throw UsageError("--weight-decay must be a finite number >= 0, got " +
+                     std::to_string(c.weight_decay));
   if (c.precision != "fp32" && c.precision != "fp16")
     throw UsageError("--precision must be fp32 or fp16, got '" + c.precision + "'");
   if (!(c.loss_scaling > 0) || !std::isfinite(c.loss_scaling))

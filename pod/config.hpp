@@ -19,6 +19,15 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The largest count an option takes (replicas, stages, micro-batch, steps, ...), and the largest
+// product of counts (samples per host step, ranks): MPI numbers ranks and counts elements with
+// int, and no run comes near it.
+inline constexpr std::size_t kMaxCount = 2147483647;
+// The longest --timeout, in seconds (a week; the stream deadlines are kept in milliseconds).
+inline constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600.0;
+// The largest --width and --depth multipliers: channel and block counts stay far from overflow.
+inline constexpr double kMaxModelMultiplier = 1024;
+
 struct TrainConfig {
   std::string model = "mlp";
   std::vector<std::size_t> hidden = {128};
@@ -75,6 +84,9 @@ struct TrainConfig {
   std::size_t global_batch() const { return micro_batch * gradient_accumulation * replicas; }
 };
 
+// The counts of a run and their products (samples per host step, 1 + replicas x stages ranks)
+// are at least 1 and at most kMaxCount; throws UsageError naming the options.
+void validate_counts(const TrainConfig& config);
 // The pipeline options (schedule, accumulation vs stages, recomputation); throws UsageError.
 void validate_pipeline(const TrainConfig& config);
 // Checks the options on their own and against the MPI world size; throws UsageError.

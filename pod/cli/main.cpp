@@ -12,30 +12,40 @@
 #include <vector>
 
 #include "datasets/cli.hpp"
+#include "fabric/error.hpp"
 #include "pod/cli/bench.hpp"
 #include "pod/cli/compile_command.hpp"
 #include "pod/cli/info.hpp"
+#include "pod/cli/option_checks.hpp"
 #include "pod/config.hpp"
 #include "pod/job/train.hpp"
 
 namespace {
 
+using ipupod::pod::finite_number;
+using ipupod::pod::kMaxCount;
+using ipupod::pod::kMaxModelMultiplier;
+using ipupod::pod::kMaxTimeoutSeconds;
 using ipupod::pod::TrainConfig;
+using ipupod::pod::whole_number;
 
 // The options that shape a compiled model, shared by train and compile. Returns
 // --gradient-accumulation, whose default compile changes.
 CLI::Option* add_model_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--model", c.model, "Model of the zoo (see `ipupod info --models`)")
       ->capture_default_str();
-  app.add_option("--hidden", c.hidden, "mlp: widths of the hidden layers")->capture_default_str();
+  app.add_option("--hidden", c.hidden, "mlp: widths of the hidden layers")
+      ->check(whole_number(1, kMaxCount))
+      ->capture_default_str();
   app.add_option("--width", c.width, "Channel width multiplier of the convolutional models")
-      ->check(CLI::PositiveNumber)
+      ->check(finite_number({.min = 0, .max = kMaxModelMultiplier, .min_open = true}))
       ->capture_default_str();
   app.add_option("--arch", c.arch,
                  "IPU architecture: mk1, mk2, bow, tiny, or a .json preset file (see README)")
       ->capture_default_str();
   app.add_option("--stages", c.stages,
                  "Pipeline stages, IPUs per replica (the model's split marks)")
+      ->check(whole_number(1, kMaxCount))
       ->capture_default_str();
   app.add_option("--pipeline-schedule", c.pipeline_schedule,
                  "grouped (ramp-up, main, ramp-down with activation stashes) or sequential")
@@ -47,18 +57,22 @@ CLI::Option* add_model_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--available-memory-proportion", c.available_memory_proportion,
                  "Share of each tile's memory the planners may give one matmul, convolution or "
                  "pooling (Poplar's availableMemoryProportion): lower trades speed for memory")
+      ->check(finite_number({.min = 0, .max = 1, .min_open = true}))
       ->capture_default_str();
   app.add_flag("--recompute", c.recompute,
                "Grouped pipeline: stash only what a stage's forward pass cannot make again and "
                "re-run its forward ops before the backward pass (less memory, more compute)");
   app.add_option("--micro-batch", c.micro_batch, "Samples per micro-batch on each replica")
+      ->check(whole_number(1, kMaxCount))
       ->capture_default_str();
   CLI::Option* accumulation =
       app.add_option("--gradient-accumulation", c.gradient_accumulation,
                      "Micro-batches whose gradients are accumulated per optimizer step")
+          ->check(whole_number(1, kMaxCount))
           ->capture_default_str();
   app.add_option("--device-iterations", c.device_iterations,
                  "Optimizer steps the device runs per host step (PopTorch deviceIterations)")
+      ->check(whole_number(1, kMaxCount))
       ->capture_default_str();
   app.add_option("--precision", c.precision,
                  "fp32, or fp16: parameters and the activations of matmuls, convolutions, "
@@ -67,24 +81,29 @@ CLI::Option* add_model_options(CLI::App& app, TrainConfig& c) {
       ->check(CLI::IsMember({"fp32", "fp16"}))
       ->capture_default_str();
   app.add_option("--depth", c.depth, "Block repeat multiplier of the deep models")
-      ->check(CLI::PositiveNumber)
+      ->check(finite_number({.min = 0, .max = kMaxModelMultiplier, .min_open = true}))
       ->capture_default_str();
   app.add_option("--optimizer", c.optimizer,
                  "sgd, sgd_momentum, adam, adamw or lamb (Adam moments, per-parameter trust "
                  "ratio ||w|| / ||update||), applied on tiles")
       ->capture_default_str();
-  app.add_option("--momentum", c.momentum, "Momentum of sgd_momentum")->capture_default_str();
+  app.add_option("--momentum", c.momentum, "Momentum of sgd_momentum")
+      ->check(finite_number({.min = 0, .max = 1, .max_open = true}))
+      ->capture_default_str();
   app.add_option("--weight-decay", c.weight_decay,
                  "L2 (sgd*, adam) or decoupled (adamw, lamb) decay")
+      ->check(finite_number({.min = 0}))
       ->capture_default_str();
   app.add_option("--clip-norm", c.clip_norm,
                  "Clip gradients by their global L2 norm, as torch's clip_grad_norm_: after the "
                  "all-reduce and the mean over micro-batches, scale all of them by "
                  "min(1, X / (norm + 1e-6)); the norm spans every pipeline stage (0: no clipping)")
+      ->check(finite_number({.min = 0}))
       ->capture_default_str();
   app.add_option("--loss-scaling", c.loss_scaling,
                  "Static loss scale S: the backward pass starts from S, gradients are divided "
                  "by S before the update (keeps small float16 gradients from flushing to 0)")
+      ->check(finite_number({.min = 0, .min_open = true}))
       ->capture_default_str();
   return accumulation;
 }
@@ -175,9 +194,14 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
   train.add_option("--topology", c.topology, "Pod topology preset for the link cost model")
       ->capture_default_str();
   train.add_option("--replicas", c.replicas, "Data-parallel replicas (PopTorch replicationFactor)")
+      ->check(whole_number(1, kMaxCount))
       ->capture_default_str();
-  train.add_option("--epochs", c.epochs, "Passes over the training split")->capture_default_str();
-  train.add_option("--learning-rate", c.learning_rate, "Base learning rate")->capture_default_str();
+  train.add_option("--epochs", c.epochs, "Passes over the training split")
+      ->check(whole_number(1, kMaxCount))
+      ->capture_default_str();
+  train.add_option("--learning-rate", c.learning_rate, "Base learning rate")
+      ->check(finite_number({.min = 0, .min_open = true}))
+      ->capture_default_str();
   train.add_flag(
       "--replicated-tensor-sharding", c.replicated_tensor_sharding,
       "Each of the R replicas keeps 1/R of the optimizer state (Adam moments, "
@@ -190,6 +214,7 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
   train
       .add_option("--warmup-steps", c.warmup_steps,
                   "Optimizer steps of linear learning-rate warm-up")
+      ->check(whole_number(0, kMaxCount))
       ->capture_default_str();
   train
       .add_option("--stochastic-rounding", c.stochastic_rounding,
@@ -197,6 +222,7 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
                   "stochastically instead of to nearest even")
       ->capture_default_str();
   train.add_option("--seed", c.seed, "Seed of weight initialisation and shuffling")
+      ->check(whole_number(0))
       ->capture_default_str();
   train.add_flag("!--no-shuffle", c.shuffle, "Read each epoch in file order");
   train
@@ -205,6 +231,7 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
                   "than memory: blocks of 256 consecutive samples in a shuffled order, each run "
                   "of ceil(N/256) blocks shuffled together and read ahead while the one before "
                   "streams (0: whole split)")
+      ->check(whole_number(0, kMaxCount))
       ->capture_default_str();
   train.add_flag("--allow-out-of-memory", c.allow_out_of_memory,
                  "Finish compiling a model that does not fit and report memory instead of failing");
@@ -217,18 +244,22 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
   train
       .add_option("--trace-events", c.trace_events,
                   "Events of each IPU's predicted timeline kept for trace.json (0: none)")
+      ->check(whole_number(0, kMaxCount))
       ->capture_default_str();
   train
       .add_option("--timeout", c.timeout_s, "Seconds a host<->IPU stream may stall before failing")
+      ->check(finite_number({.min = 0, .max = kMaxTimeoutSeconds, .min_open = true}))
       ->capture_default_str();
   train
       .add_option("--checkpoint-every", c.checkpoint_every,
                   "Write a checkpoint (weights, optimizer state, position) every N host steps "
                   "and at the end, as RUN_DIR/checkpoint-<host step>.h5 (0: none)")
+      ->check(whole_number(0, kMaxCount))
       ->capture_default_str();
   train
       .add_option("--checkpoint-keep", c.checkpoint_keep,
                   "Newest checkpoints of this run to keep (0: all)")
+      ->check(whole_number(0, kMaxCount))
       ->capture_default_str();
   train.add_option("--resume", c.resume,
                    "Continue from a checkpoint; the run ends bitwise identical to one never "
@@ -246,13 +277,18 @@ CLI::Option* add_compile_options(CLI::App& compile, ipupod::pod::CompileConfig& 
   compile
       .add_option("--sample-shape", c.sample_shape,
                   "One input sample, e.g. 3,224,224 (default: the model's own)")
+      ->check(whole_number(1, kMaxCount))
       ->delimiter(',');
   compile.add_option("--classes", c.classes, "Classes of a classifier's output layer")
+      ->check(whole_number(1, kMaxCount))
       ->capture_default_str();
-  compile.add_option("--stage", c.only_stages,
-                     "Compile only this stage (repeatable; default: every stage), e.g. one stage "
-                     "per job when memory is short");
+  compile
+      .add_option("--stage", c.only_stages,
+                  "Compile only this stage (repeatable; default: every stage), e.g. one stage "
+                  "per job when memory is short")
+      ->check(whole_number(0, kMaxCount - 1));
   compile.add_option("--seed", c.train.seed, "Seed of weight initialisation")
+      ->check(whole_number(0))
       ->capture_default_str();
   compile.add_option("--run-dir", c.train.run_dir, "Directory for memory.json and compile.json")
       ->capture_default_str();
@@ -333,6 +369,9 @@ int main(int argc, char** argv) {
       return 0;
     }
   } catch (const std::invalid_argument& e) {
+    std::cerr << "ipupod: " << e.what() << "\n";
+    return 2;
+  } catch (const ipupod::fabric::FabricError& e) {  // a topology that cannot be used: bad input
     std::cerr << "ipupod: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {

@@ -82,6 +82,17 @@ std::string describe_split(const models::SplitPlan& plan) {
   return out.str();
 }
 
+void check_stage_count(const TrainConfig& config, const models::Model& model) {
+  const auto split = static_cast<std::size_t>(model.graph.max_stage() + 1);
+  if (split != config.stages)
+    throw UsageError("--stages " + std::to_string(config.stages) + ": model '" + config.model +
+                     "' splits into at most " + std::to_string(split) +
+                     " pipeline stage(s) at this size (" +
+                     (config.split == "auto" ? "--split auto" : "its split marks") +
+                     "); choose --stages " + std::to_string(split) +
+                     " or fewer, or a larger model (e.g. more --hidden layers or --depth)");
+}
+
 JobModels build_job_models(const TrainConfig& config, const DataShape& data,
                            models::SplitPlan* plan) {
   models::ModelOptions training_options = model_options(config, data, true);

@@ -34,6 +34,10 @@ void follow_automatic_split(const TrainConfig& config, const models::Model& trai
 // "automatic split into S stages (estimates per micro-batch): stage 0: a .. b (n ops, ...)".
 std::string describe_split(const models::SplitPlan& plan);
 
+// The model split into as many pipeline stages as --stages asks for, or a UsageError saying how
+// many its split marks (or --split auto) make at this size.
+void check_stage_count(const TrainConfig& config, const models::Model& model);
+
 // The training model and the inference-mode model of a job (running statistics, no dropout;
 // the same parameters and state, by name, on the same stages); the split plan of --split auto
 // written to *plan when given.

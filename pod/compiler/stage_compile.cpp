@@ -80,15 +80,24 @@ std::string pad(std::string s, std::size_t width) {
 }  // namespace
 
 void validate(const CompileConfig& c) {
-  const auto positive = [](std::size_t v, const char* option) {
-    if (v == 0) throw UsageError(std::string(option) + " must be at least 1, got 0");
-  };
-  positive(c.train.stages, "--stages");
-  positive(c.train.micro_batch, "--micro-batch");
-  positive(c.train.gradient_accumulation, "--gradient-accumulation");
-  positive(c.classes, "--classes");
-  if (!(c.train.width > 0) || !(c.train.depth > 0))
-    throw UsageError("--width and --depth must be positive");
+  validate_counts(c.train);
+  if (c.classes < 1 || c.classes > kMaxCount)
+    throw UsageError("--classes must be a whole number in [1, " + std::to_string(kMaxCount) +
+                     "], got " + std::to_string(c.classes));
+  std::size_t sample_elements = 1;
+  for (std::size_t d : c.sample_shape) {
+    if (d < 1 || sample_elements > kMaxCount / d)
+      throw UsageError(
+          "--sample-shape: every dimension must be at least 1 and one sample at most " +
+          std::to_string(kMaxCount) + " elements; lower the shape");
+    sample_elements *= d;
+  }
+  for (const auto& [value, option] :
+       {std::pair{c.train.width, "--width"}, {c.train.depth, "--depth"}})
+    if (!(std::isfinite(value) && value > 0 && value <= kMaxModelMultiplier))
+      throw UsageError(std::string(option) + " must be a finite number in (0, " +
+                       std::to_string(static_cast<int>(kMaxModelMultiplier)) + "], got " +
+                       std::to_string(value));
   bool known_model = false;
   std::string names;
   for (const auto& e : models::zoo()) {
@@ -117,11 +126,7 @@ void validate(const CompileConfig& c) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  const auto split = static_cast<std::size_t>(model.graph.max_stage() + 1);
-  if (split != c.train.stages)
-    throw UsageError("model '" + c.train.model + "' splits into at most " + std::to_string(split) +
-                     " pipeline stages at this size, not " + std::to_string(c.train.stages) +
-                     "; choose --stages " + std::to_string(split) + " or fewer");
+  check_stage_count(c.train, model);
 }
 
 nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ostream* progress) {

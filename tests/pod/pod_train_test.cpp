@@ -283,7 +283,7 @@ TEST_F(PodTrain, UsageErrorsExitTwoAndHelpDescribesEveryOption) {
   const std::string train = std::string(IPUPOD_BINARY) + " train --data " + data().string();
   expect_bad_input(run(train + " --recompute"), "needs --stages 2 or more");
   expect_bad_input(run(train + " --available-memory-proportion 0"),
-                   "--available-memory-proportion must be in (0, 1]");
+                   "--available-memory-proportion: expected a finite number in (0, 1]");
   expect_bad_input(run(train + " --shuffle-window 256 --no-shuffle"), "drop one of them");
   expect_bad_input(run(train + " --config " + (dir() / "absent.json").string()), "cannot read");
   const fs::path config = dir() / "typo.json";
