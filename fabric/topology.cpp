@@ -3,8 +3,11 @@
 #include "fabric/topology.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -123,6 +126,10 @@ bool ends_with(std::string_view text, std::string_view suffix) {
 
 using Json = nlohmann::json;
 
+// The most pods, machines per pod or IPUs per machine a file may give (a Graphcore pod has at
+// most 256 IPUs); their product is checked against int as well.
+constexpr std::int64_t kMaxTopologyCount = 1 << 16;
+
 [[noreturn]] void file_error(const std::string& origin, const std::string& what) {
   throw FabricError("topology file " + origin + ": " + what);
 }
@@ -149,18 +156,30 @@ const Json& object_at(const Json& parent, const char* key, const std::string& or
 double number_at(const Json& parent, const char* key, const std::string& origin,
                  const std::string& where) {
   const Json& value = parent.at(key);
-  if (!value.is_number()) {
-    file_error(origin, where + "." + key + " must be a number, got " + value.dump());
+  if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < 0) {
+    file_error(origin, where + "." + key + " must be a finite number >= 0, got " + value.dump());
   }
   return value.get<double>();
 }
 
+std::string string_at(const Json& parent, const char* key, const std::string& origin,
+                      const std::string& where) {
+  const Json& value = parent.at(key);
+  if (!value.is_string())
+    file_error(origin,
+               (where.empty() ? "" : where + ".") + key + " must be a string, got " + value.dump());
+  return value.get<std::string>();
+}
+
 int count_at(const Json& parent, const char* key, const std::string& origin) {
   const Json& value = parent.at(key);
-  if (!value.is_number_integer()) {
-    file_error(origin, std::string(key) + " must be an integer, got " + value.dump());
+  // Checked before the conversion to int, which would wrap 2^32 + 1 to 1.
+  if (!value.is_number_integer() || value.get<std::int64_t>() < 1 ||
+      value.get<std::int64_t>() > kMaxTopologyCount) {
+    file_error(origin, std::string(key) + " must be a whole number in [1, " +
+                           std::to_string(kMaxTopologyCount) + "], got " + value.dump());
   }
-  return value.get<int>();
+  return static_cast<int>(value.get<std::int64_t>());
 }
 
 void read_link(const Json& links, const char* key, LinkClass& link, bool required,
@@ -174,7 +193,7 @@ void read_link(const Json& links, const char* key, LinkClass& link, bool require
   const Json& entry = object_at(links, key, origin, "links");
   reject_unknown_keys(entry, {"name", "bandwidth_gbytes_per_s", "latency_us", "source"}, origin,
                       where);
-  if (entry.contains("name")) link.name = entry.at("name").get<std::string>();
+  if (entry.contains("name")) link.name = string_at(entry, "name", origin, where);
   if (entry.contains("bandwidth_gbytes_per_s")) {
     link.bandwidth_bytes_per_s = number_at(entry, "bandwidth_gbytes_per_s", origin, where) * 1e9;
   } else if (required) {
@@ -185,7 +204,7 @@ void read_link(const Json& links, const char* key, LinkClass& link, bool require
   } else if (required) {
     file_error(origin, where + ".latency_us is missing");
   }
-  link.source = entry.contains("source") ? entry.at("source").get<std::string>()
+  link.source = entry.contains("source") ? string_at(entry, "source", origin, where)
                                          : "user topology file " + origin;
 }
 
@@ -197,15 +216,15 @@ TopologySpec parse_topology(const Json& root, const std::string& origin) {
                       origin, "the top level");
   TopologySpec spec;
   const bool has_base = root.contains("base");
-  if (has_base) spec = Topology::preset(root.at("base").get<std::string>()).spec();
-  spec.name = root.contains("name") ? root.at("name").get<std::string>() : origin;
+  if (has_base) spec = Topology::preset(string_at(root, "base", origin, "")).spec();
+  spec.name = root.contains("name") ? string_at(root, "name", origin, "") : origin;
   for (const char* key : {"pods", "machines_per_pod", "ipus_per_machine"}) {
     if (!root.contains(key)) file_error(origin, std::string(key) + " is missing");
   }
   spec.pods = count_at(root, "pods", origin);
   spec.machines_per_pod = count_at(root, "machines_per_pod", origin);
   spec.ipus_per_machine = count_at(root, "ipus_per_machine", origin);
-  spec.layout = root.contains("layout") ? root.at("layout").get<std::string>()
+  spec.layout = root.contains("layout") ? string_at(root, "layout", origin, "")
                                         : "from topology file " + origin;
 
   if (!root.contains("links") && !has_base)
@@ -241,7 +260,7 @@ TopologySpec parse_topology(const Json& root, const std::string& origin) {
         file_error(origin, std::string("sync_us.") + key + " is missing");
       }
     }
-    spec.sync.source = sync.contains("source") ? sync.at("source").get<std::string>()
+    spec.sync.source = sync.contains("source") ? string_at(sync, "source", origin, "sync_us")
                                                : "user topology file " + origin;
   }
   return spec;
@@ -257,11 +276,20 @@ Topology::Topology(TopologySpec spec) : spec_(std::move(spec)) {
                       std::to_string(spec_.pods) + ", " + std::to_string(spec_.machines_per_pod) +
                       ", " + std::to_string(spec_.ipus_per_machine));
   }
+  // ipus() multiplies them as int.
+  if (static_cast<std::int64_t>(spec_.pods) * spec_.machines_per_pod * spec_.ipus_per_machine >
+      std::numeric_limits<int>::max()) {
+    throw FabricError("Topology '" + spec_.name + "': " + std::to_string(spec_.pods) + " pods x " +
+                      std::to_string(spec_.machines_per_pod) + " machines x " +
+                      std::to_string(spec_.ipus_per_machine) +
+                      " IPUs is more IPUs than an MPI job can number; lower one of them");
+  }
   for (const LinkClass* link :
        {&spec_.within_machine, &spec_.between_machines, &spec_.between_pods}) {
-    if (!(link->bandwidth_bytes_per_s > 0.0) || !(link->latency_s >= 0.0)) {
+    if (!(link->bandwidth_bytes_per_s > 0.0) || !std::isfinite(link->bandwidth_bytes_per_s) ||
+        !(link->latency_s >= 0.0) || !std::isfinite(link->latency_s)) {
       throw FabricError("Topology '" + spec_.name + "': link class '" + link->name +
-                        "' needs bandwidth > 0 and latency >= 0, got " +
+                        "' needs a finite bandwidth > 0 and latency >= 0, got " +
                         std::to_string(link->bandwidth_bytes_per_s) + " B/s and " +
                         std::to_string(link->latency_s) + " s");
     }

@@ -3,11 +3,14 @@
 #include "ipu_process/arch.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <deque>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <type_traits>
 
 namespace ipupod::ipu {
 namespace {
@@ -94,6 +97,14 @@ const std::vector<ArchPreset>& ArchPreset::all() {
 
 namespace {
 
+// The bounds of a preset file's figures, far beyond any IPU's (MK2: 1,472 tiles of 624 KiB, 6
+// workers, 2 float lanes) but small enough that no product of them overflows: the memory plan
+// places a tile's bytes at 32-bit offsets, and the cycle counters add event costs per step.
+constexpr std::uint64_t kMaxTiles = 1 << 20;
+constexpr std::uint64_t kMaxBytesPerTile = UINT32_MAX;
+constexpr std::uint64_t kMaxLanes = 1024;
+constexpr std::uint64_t kMaxEventCycles = UINT32_MAX;
+
 const ArchPreset* find_builtin(std::string_view name) {
   for (const auto& p : ArchPreset::all())
     if (p.name == name) return &p;
@@ -115,24 +126,52 @@ ArchPreset load_preset_file(const std::string& path) {
   }
   if (!j.is_object())
     throw std::invalid_argument("architecture file '" + path + "' must hold a JSON object");
+  const std::string where = "architecture file '" + path + "': ";
+  const auto string_at = [&](const char* key) {
+    const nlohmann::json& v = j.at(key);
+    if (!v.is_string())
+      throw std::invalid_argument(where + "field '" + key + "' must be a string, got " + v.dump());
+    return v.get<std::string>();
+  };
   ArchPreset p;
   if (j.contains("base")) {
-    const ArchPreset* base = find_builtin(j["base"].get<std::string>());
-    if (!base)
-      throw std::invalid_argument("architecture file '" + path + "': unknown base preset '" +
-                                  j["base"].get<std::string>() + "'");
+    const std::string base_name = string_at("base");
+    const ArchPreset* base = find_builtin(base_name);
+    if (!base) {
+      std::string known;
+      for (const auto& b : ArchPreset::all()) known += (known.empty() ? "" : ", ") + b.name;
+      throw std::invalid_argument(where + "unknown base preset '" + base_name +
+                                  "'; known presets: " + known);
+    }
     p = *base;
     p.sources.insert(p.sources.begin(), "based on the built-in preset " + base->name);
   }
   p.name = path;
-  const auto field = [&](const std::string& key, auto& value) {
+  // Each figure is checked for its type, sign and range before it is converted: JSON's -1 read
+  // into an unsigned size would wrap to 1.8e19 bytes and silence every memory check.
+  const auto whole = [&](const char* key, auto& value, std::uint64_t min, std::uint64_t max) {
     if (!j.contains(key)) return;
-    try {
-      j.at(key).get_to(value);
-    } catch (const nlohmann::json::exception&) {
-      throw std::invalid_argument("architecture file '" + path + "': field '" + key +
-                                  "' has the wrong type (" + j.at(key).dump() + ")");
-    }
+    const nlohmann::json& v = j.at(key);
+    // JSON reads 7 as unsigned and -7 as signed; 7.0 is neither.
+    const bool unsigned_integer =
+        v.is_number_unsigned() || (v.is_number_integer() && v.get<std::int64_t>() >= 0);
+    const std::uint64_t n = unsigned_integer ? v.get<std::uint64_t>() : 0;
+    const bool in_range = unsigned_integer && n >= min && n <= max;
+    if (!in_range)
+      throw std::invalid_argument(where + "field '" + key + "' must be a whole number in [" +
+                                  std::to_string(min) + ", " + std::to_string(max) + "], got " +
+                                  v.dump() + "; fix it, or drop it to keep the base preset's");
+    value = static_cast<std::remove_reference_t<decltype(value)>>(n);
+  };
+  const auto real = [&](const char* key, double& value, bool zero_allowed) {
+    if (!j.contains(key)) return;
+    const nlohmann::json& v = j.at(key);
+    const double x = v.is_number() ? v.get<double>() : 0;
+    if (!v.is_number() || !std::isfinite(x) || x < 0 || (x == 0 && !zero_allowed))
+      throw std::invalid_argument(where + "field '" + key + "' must be a finite number " +
+                                  (zero_allowed ? ">= 0" : "> 0") + ", got " + v.dump() +
+                                  "; fix it, or drop it to keep the base preset's");
+    value = x;
   };
   static const std::vector<std::string> known = {"base",
                                                  "name",
@@ -155,27 +194,32 @@ ArchPreset load_preset_file(const std::string& path) {
                                                  "sources"};
   for (const auto& [key, value] : j.items())
     if (std::find(known.begin(), known.end(), key) == known.end())
-      throw std::invalid_argument("architecture file '" + path + "': unknown field '" + key + "'");
-  field("name", p.name);
-  field("description", p.description);
-  field("tiles", p.tiles);
-  field("bytes_per_tile", p.bytes_per_tile);
-  field("clock_hz", p.clock_hz);
-  field("workers_per_tile", p.workers_per_tile);
-  field("fp32_flops_per_cycle_per_tile", p.fp32_flops_per_cycle_per_tile);
-  field("fp16_flops_per_cycle_per_tile", p.fp16_flops_per_cycle_per_tile);
-  field("fp32_vector_width", p.fp32_vector_width);
-  field("exchange_bytes_per_cycle_per_tile", p.exchange_bytes_per_cycle_per_tile);
-  field("exchange_latency_cycles", p.exchange_latency_cycles);
-  field("sync_cycles_internal", p.sync_cycles_internal);
-  field("sync_cycles_external", p.sync_cycles_external);
-  field("vertex_overhead_cycles", p.vertex_overhead_cycles);
-  field("vertex_state_bytes_per_region", p.vertex_state_bytes_per_region);
-  field("codelet_code_bytes", p.codelet_code_bytes);
-  field("host_link_bytes_per_s", p.host_link_bytes_per_s);
-  std::vector<std::string> sources;
-  field("sources", sources);
-  p.sources.insert(p.sources.end(), sources.begin(), sources.end());
+      throw std::invalid_argument(where + "unknown field '" + key + "'");
+  if (j.contains("name")) p.name = string_at("name");
+  if (j.contains("description")) p.description = string_at("description");
+  whole("tiles", p.tiles, 1, kMaxTiles);
+  whole("bytes_per_tile", p.bytes_per_tile, 1, kMaxBytesPerTile);
+  real("clock_hz", p.clock_hz, false);
+  whole("workers_per_tile", p.workers_per_tile, 1, kMaxLanes);
+  real("fp32_flops_per_cycle_per_tile", p.fp32_flops_per_cycle_per_tile, false);
+  real("fp16_flops_per_cycle_per_tile", p.fp16_flops_per_cycle_per_tile, true);
+  whole("fp32_vector_width", p.fp32_vector_width, 1, kMaxLanes);
+  real("exchange_bytes_per_cycle_per_tile", p.exchange_bytes_per_cycle_per_tile, false);
+  whole("exchange_latency_cycles", p.exchange_latency_cycles, 0, kMaxEventCycles);
+  whole("sync_cycles_internal", p.sync_cycles_internal, 0, kMaxEventCycles);
+  whole("sync_cycles_external", p.sync_cycles_external, 0, kMaxEventCycles);
+  whole("vertex_overhead_cycles", p.vertex_overhead_cycles, 0, kMaxEventCycles);
+  whole("vertex_state_bytes_per_region", p.vertex_state_bytes_per_region, 0, kMaxBytesPerTile);
+  whole("codelet_code_bytes", p.codelet_code_bytes, 0, kMaxBytesPerTile);
+  real("host_link_bytes_per_s", p.host_link_bytes_per_s, false);
+  if (j.contains("sources")) {
+    const nlohmann::json& v = j.at("sources");
+    if (!v.is_array() ||
+        !std::all_of(v.begin(), v.end(), [](const auto& e) { return e.is_string(); }))
+      throw std::invalid_argument(where + "field 'sources' must be a list of strings, got " +
+                                  v.dump());
+    for (const auto& e : v) p.sources.push_back(e.get<std::string>());
+  }
   if (p.tiles == 0 || p.bytes_per_tile == 0 || !(p.clock_hz > 0) || p.workers_per_tile == 0 ||
       !(p.fp32_flops_per_cycle_per_tile > 0) || p.fp32_vector_width == 0 ||
       !(p.exchange_bytes_per_cycle_per_tile > 0) || !(p.host_link_bytes_per_s > 0))

@@ -196,17 +196,50 @@ TEST(TopologyFile, ErrorsNameTheFileAndTheKey) {
   expect_file_error(R"({"base": "m2000", "machines_per_pod": 1, "ipus_per_machine": 4})", "pods");
   expect_file_error(R"({"base": "m2000", "pods": "one", "machines_per_pod": 1,
                         "ipus_per_machine": 4})",
-                    "pods must be an integer");
+                    "pods must be a whole number");
   expect_file_error(R"({"pods": 1, "machines_per_pod": 1, "ipus_per_machine": 4})",
                     "links is missing");
   expect_file_error(R"({"base": "m2000", "pods": 1, "machines_per_pod": 1, "ipus_per_machine": 4,
                         "links": {"within_machine": {"bandwidth_gbytes_per_s": -1}}})",
-                    "bandwidth > 0");
+                    "links.within_machine.bandwidth_gbytes_per_s must be a finite number >= 0");
   expect_file_error(R"({"base": "m2000", "pods": 1, "machines_per_pod": 1, "ipus_per_machine": 4,
                         "links": {"within_machine": {"latency_us": "slow"}}})",
-                    "must be a number");
+                    "links.within_machine.latency_us must be a finite number");
   EXPECT_THROW(Topology::preset("no/such/topology.json"), FabricError);
   EXPECT_THROW(Topology::from_json_file("no/such/topology.json"), FabricError);
+}
+
+// Every field is checked for type, sign and range before it is converted: a count past int
+// used to wrap (2^32 + 1 pods read as 1), a product of counts to overflow, a string field of
+// another type to fail with the JSON library's message naming no field.
+TEST(TopologyFile, FieldsAreCheckedForTypeSignAndRange) {
+  const auto with = [](const std::string& fields) {
+    return R"({"base": "m2000", )" + fields + "}";
+  };
+  const std::string one_machine = R"("pods": 1, "machines_per_pod": 1, "ipus_per_machine": 4)";
+  expect_file_error(with(R"("pods": 4294967297, "machines_per_pod": 1, "ipus_per_machine": 4)"),
+                    "pods must be a whole number in [1, 65536], got 4294967297");
+  expect_file_error(with(R"("pods": 1, "machines_per_pod": -1, "ipus_per_machine": 4)"),
+                    "machines_per_pod must be a whole number in [1, 65536], got -1");
+  expect_file_error(
+      with(R"("pods": 1, "machines_per_pod": 1, "ipus_per_machine": 18446744073709551615)"),
+      "ipus_per_machine must be a whole number");
+  expect_file_error(with(R"("pods": 1, "machines_per_pod": 1, "ipus_per_machine": 4.5)"),
+                    "ipus_per_machine must be a whole number");
+  expect_file_error(with(R"("pods": 65536, "machines_per_pod": 65536, "ipus_per_machine": 2)"),
+                    "65536 pods x 65536 machines x 2 IPUs is more IPUs than");
+  expect_file_error(with(one_machine + R"(, "name": 5)"), "name must be a string, got 5");
+  expect_file_error(R"({"base": 7, )" + one_machine + "}", "base must be a string, got 7");
+  expect_file_error(with(one_machine + R"(, "layout": ["a"])"), "layout must be a string");
+  expect_file_error(with(one_machine + R"(, "links": {"within_machine": {"name": 1}})"),
+                    "links.within_machine.name must be a string");
+  expect_file_error(
+      with(one_machine + R"(, "links": {"between_pods": {"bandwidth_gbytes_per_s": 1e300}})"),
+      "needs a finite bandwidth");
+  expect_file_error(with(one_machine + R"(, "sync_us": {"within_pod": -2})"),
+                    "sync_us.within_pod must be a finite number >= 0, got -2");
+  expect_file_error(with(one_machine + R"(, "sync_us": {"source": false})"),
+                    "sync_us.source must be a string");
 }
 
 }  // namespace

@@ -737,5 +737,59 @@ TEST(ArchPresets, UserPresetFromAFileOverridesABase) {
   EXPECT_THROW(ArchPreset::get("no-such-arch"), std::invalid_argument);
 }
 
+// Every field of a preset file is checked for type, sign and range, and named: a negative size
+// used to wrap to 1.8e19 bytes per tile and turn every memory check off.
+TEST(ArchPresets, FileFieldsAreCheckedForTypeSignAndRange) {
+  int n = 0;
+  const auto refused = [&](const std::string& fields, const std::string& needle) {
+    const std::string path = ::testing::TempDir() + "arch_" + std::to_string(n++) + ".json";
+    std::ofstream(path) << R"({"base": "mk2", )" << fields << "}";
+    try {
+      ArchPreset::get(path);
+      ADD_FAILURE() << fields << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find(path), std::string::npos) << message;
+      EXPECT_NE(message.find(needle), std::string::npos) << message;
+    }
+  };
+  refused(R"("bytes_per_tile": -1)", "field 'bytes_per_tile' must be a whole number in [1, ");
+  refused(R"("bytes_per_tile": 1e30)", "field 'bytes_per_tile' must be a whole number");
+  refused(R"("bytes_per_tile": 8589934592)", "field 'bytes_per_tile' must be a whole number");
+  refused(R"("tiles": 0)", "field 'tiles' must be a whole number in [1, ");
+  refused(R"("tiles": 1.5)", "field 'tiles' must be a whole number");
+  refused(R"("tiles": 4294967297)", "field 'tiles' must be a whole number");
+  refused(R"("workers_per_tile": "six")", "field 'workers_per_tile' must be a whole number");
+  refused(R"("sync_cycles_external": -5)", "field 'sync_cycles_external' must be a whole number");
+  refused(R"("codelet_code_bytes": 18446744073709551615)", "field 'codelet_code_bytes'");
+  refused(R"("clock_hz": -1.33e9)", "field 'clock_hz' must be a finite number > 0, got");
+  refused(R"("clock_hz": 0)", "field 'clock_hz' must be a finite number > 0");
+  refused(R"("exchange_bytes_per_cycle_per_tile": null)",
+          "field 'exchange_bytes_per_cycle_per_tile' must be a finite number > 0");
+  refused(R"("fp16_flops_per_cycle_per_tile": -2)",
+          "field 'fp16_flops_per_cycle_per_tile' must be a finite number >= 0");
+  refused(R"("name": 3)", "field 'name' must be a string");
+  refused(R"("sources": ["ok", 4])", "field 'sources' must be a list of strings");
+  const std::string bad_base = ::testing::TempDir() + "arch_base.json";
+  std::ofstream(bad_base) << R"({"base": 2})";
+  EXPECT_THROW(
+      {
+        try {
+          ArchPreset::get(bad_base);
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("field 'base' must be a string"), std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      std::invalid_argument);
+  // In range, they are taken as given.
+  const std::string fine = ::testing::TempDir() + "arch_fine.json";
+  std::ofstream(fine)
+      << R"({"base": "tiny", "bytes_per_tile": 4294967295, "sync_cycles_external": 0})";
+  EXPECT_EQ(ArchPreset::get(fine).bytes_per_tile, 4294967295u);
+  EXPECT_EQ(ArchPreset::get(fine).sync_cycles_external, 0u);
+}
+
 }  // namespace
 }  // namespace ipupod::ipu
