@@ -11,6 +11,10 @@ void Engine::check_host_access(const Tensor& t) const {
   if (!options_.executable)
     throw std::logic_error("the host cannot access " + graph_.describe(t) +
                            ": the engine was built to plan only and holds no tile memory");
+  if (memory_.tiles_over() > 0)
+    throw std::logic_error("the host cannot access " + graph_.describe(t) +
+                           ": the graph was compiled with allow-out-of-memory and does not fit "
+                           "on the IPU, so no tile memory backs it (see the memory report)");
   const Variable& v = graph_.variable(t.variable());
   if (!v.host_access && !always_live(v.category))
     throw std::logic_error("the host cannot access " + graph_.describe(t) +

@@ -151,6 +151,8 @@ void HostRole::open_data() {
   DataShape probe = startup_.data_shape();
   probe.classes = 2;
   const models::Model model = models::build_model(c_.model, model_options(c_, probe, false));
+  // More stages than the model's split marks make fails here, once, not on every IPU.
+  if (c_.split == "model") check_stage_count(c_, model);
   if (model.task == models::Task::classification) {
     startup_.classes = check_classification_data(train_->file());
   } else {
@@ -467,18 +469,29 @@ int run_host(const TrainConfig& config, MPI_Comm world) {
     std::cerr << "ipupod train: " << startup.message << "\n";
     return startup.status;
   }
-  // The IPUs compile, then (resuming) check the checkpoint's tensors against their compiled
-  // model; IPU 0 (rank 1) says what does not fit. A rank that dies meanwhile ends the job
-  // through MPI.
+  // The IPUs compile, check that their programs fit and (resuming) the checkpoint's tensors
+  // against their compiled model; the first IPU that found a fault says what. A rank that dies
+  // meanwhile ends the job through MPI.
   std::string message;
   if (const int verdict = start_verdict(world, 0, "", &message); verdict != 0) {
-    std::cerr << "ipupod train: cannot resume from '" << config.resume << "': " << message << "\n";
+    const std::vector<nlohmann::json> reports = gather_unfit_reports(world, false);
+    if (!reports.empty()) {
+      write_file_atomically(config.run_dir, "memory.json", nlohmann::json(reports).dump(1) + "\n");
+      message += "; every IPU's memory report is in " + config.run_dir + "/memory.json";
+    }
+    std::cerr << "ipupod train: " << message << "\n";
     return verdict;
   }
   host.serve_resumed_tensors();
   host.print_banner();
   host.start_feeders();
-  host.train_and_evaluate();
+  // A failure while the feeders run ends the job here, with its reason: unwinding past their
+  // threads would end the process with std::terminate and no reason at all.
+  try {
+    host.train_and_evaluate();
+  } catch (const std::exception& e) {
+    abort_job(world, e.what());
+  }
   host.join_feeders();
   const FinalReports reports = host.collect_reports();
   host.close();

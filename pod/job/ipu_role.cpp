@@ -2,10 +2,12 @@
 // the host's TCP streams, all-reduce gradients over the fabric, send losses and reports back.
 #include <malloc.h>
 
+#include <iomanip>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <vector>
 
 #include "host/checkpoint.hpp"
@@ -49,6 +51,12 @@ host::HostArray array_of(host::DType dtype, std::vector<std::size_t> shape,
   return a;
 }
 
+std::string kib(std::size_t bytes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / 1024 << " KiB";
+  return os.str();
+}
+
 std::size_t bytes_of(const ipu::Tensor& tensor) {
   return tensor.elements() * ipu::dtype_size(tensor.dtype());
 }
@@ -67,9 +75,13 @@ class IpuRole {
         relay_(fabric_.pipeline()) {}
 
   void compile();
+  // Whether the compiled program fits the tiles: with --allow-out-of-memory a program that
+  // does not is compiled and reported, but no tile memory backs it and it cannot run.
+  bool fits() const { return engine_->memory().tiles_over() == 0; }
   void initialise_weights();
   void exchange_checkpoint_manifests();
   int start_verdict_after_resume_check();
+  nlohmann::json memory_report() const;
   void connect_host_streams();
   void receive_resumed_tensors();
   void train_and_evaluate();
@@ -178,7 +190,23 @@ void IpuRole::exchange_checkpoint_manifests() {
 int IpuRole::start_verdict_after_resume_check() {
   int status = 0;
   std::string message;
-  if (startup_.resume && first_stage()) {
+  if (!fits()) {
+    const ipu::MemoryReport& memory = engine_->memory();
+    const ipu::TileMemory* worst = &memory.tiles.front();
+    for (const auto& tile : memory.tiles)
+      if (tile.total() > worst->total()) worst = &tile;
+    status = 2;
+    message = "the model does not fit IPU " + std::to_string(place_.ipu) + " (replica " +
+              std::to_string(place_.replica) + ", stage " + std::to_string(place_.stage) +
+              "): " + std::to_string(memory.tiles_over()) + " of " + std::to_string(arch_.tiles) +
+              " tiles of '" + arch_.name + "' exceed their " + kib(arch_.bytes_per_tile) +
+              " (the worst, tile " + std::to_string(worst->tile) + ", needs " +
+              kib(worst->total()) +
+              "). --allow-out-of-memory finishes the compile and reports the memory, but an IPU "
+              "runs only a program that fits. Try: more pipeline stages or a different split, a "
+              "smaller micro-batch, --recompute (with 2 or more stages), or an architecture with "
+              "more memory per tile";
+  } else if (startup_.resume && first_stage()) {
     std::map<std::string, std::vector<std::size_t>> expected;
     for (const auto& [name, tensor] : compiled_.checkpointed) expected[name] = tensor.shape();
     for (const auto& later : stage_tensors_)
@@ -187,7 +215,7 @@ int IpuRole::start_verdict_after_resume_check() {
       host::check_compatible(startup_.resume_shapes, startup_.resume_host_step, expected);
     } catch (const host::CheckpointError& e) {
       status = 2;
-      message = e.what();
+      message = "cannot resume from '" + config_.resume + "': " + e.what();
     }
   }
   return start_verdict(world_, status, message);
@@ -326,13 +354,18 @@ void IpuRole::relay_later_checkpoint_tensors(std::set<std::string>& saved) {
 
 // Later stages report their memory through the first one, which sends the replica's report,
 // its predicted timeline and its final weights to the host.
-void IpuRole::send_reports_and_weights() {
+nlohmann::json IpuRole::memory_report() const {
   nlohmann::json report = memory_report_json(engine_->memory(), arch_);
   report["stage"] = place_.stage;
   report["stash_slots"] = compiled_.stash_slots;
   report["parameter_tensors"] = compiled_.parameters.size();
   // The emulator's own memory beside the tile memory it emulates.
   report["host_peak_resident_bytes"] = peak_resident_bytes();
+  return report;
+}
+
+void IpuRole::send_reports_and_weights() {
+  nlohmann::json report = memory_report();
   std::vector<nlohmann::json> later = relay_.gather_reports(report);
   if (!first_stage()) return;
   if (!later.empty()) report["later_stages"] = std::move(later);
@@ -353,9 +386,12 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
   if (startup.status != 0) return startup.status;
   IpuRole ipu(config, world, startup, groups);
   ipu.compile();
-  ipu.initialise_weights();
+  if (ipu.fits()) ipu.initialise_weights();
   ipu.exchange_checkpoint_manifests();
-  if (const int verdict = ipu.start_verdict_after_resume_check(); verdict != 0) return verdict;
+  if (const int verdict = ipu.start_verdict_after_resume_check(); verdict != 0) {
+    gather_unfit_reports(world, !ipu.fits(), ipu.memory_report());
+    return verdict;
+  }
   ipu.connect_host_streams();
   // Failures from here on are reported before the stream client closes (which would make the
   // host fail first with a less useful message).

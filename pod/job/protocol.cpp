@@ -2,10 +2,18 @@
 #include "pod/job/protocol.hpp"
 
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
 namespace ipupod::pod {
+namespace {
+
+// MPI tags of the start-up texts (the world communicator carries nothing else then).
+constexpr int kVerdictTag = 11;
+constexpr int kUnfitReportTag = 12;
+
+}  // namespace
 
 Startup broadcast_startup(const Startup& s, int root, MPI_Comm comm) {
   int rank = 0;
@@ -96,18 +104,32 @@ int start_verdict(MPI_Comm world, int status, const std::string& message,
   MPI_Comm_rank(world, &rank);
   MPI_Allreduce(&status, &verdict, 1, MPI_INT, MPI_MAX, world);
   if (verdict == 0) return 0;
-  if (rank == 1) {
-    int length = static_cast<int>(message.size());
-    MPI_Send(&length, 1, MPI_INT, 0, 0, world);
-    MPI_Send(message.data(), length, MPI_CHAR, 0, 0, world);
-  } else if (rank == 0) {
-    int length = 0;
-    MPI_Recv(&length, 1, MPI_INT, 1, 0, world, MPI_STATUS_IGNORE);
-    std::string text(static_cast<std::size_t>(length), '\0');
-    MPI_Recv(text.data(), length, MPI_CHAR, 1, 0, world, MPI_STATUS_IGNORE);
-    if (host_message) *host_message = std::move(text);
-  }
+  // The lowest rank with the worst status says why: the host prints one message, whichever
+  // IPU found the fault.
+  const int candidate = status == verdict ? rank : std::numeric_limits<int>::max();
+  int teller = 0;
+  MPI_Allreduce(&candidate, &teller, 1, MPI_INT, MPI_MIN, world);
+  if (rank == teller && rank != 0) send_text(message, 0, kVerdictTag, world);
+  if (rank == 0 && host_message)
+    *host_message = teller == 0 ? message : receive_text(teller, kVerdictTag, world);
   return verdict;
+}
+
+std::vector<nlohmann::json> gather_unfit_reports(MPI_Comm world, bool unfit,
+                                                 const nlohmann::json& report) {
+  int rank = 0, size = 1, own = unfit ? 1 : 0, any = 0;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  MPI_Allreduce(&own, &any, 1, MPI_INT, MPI_MAX, world);
+  std::vector<nlohmann::json> reports;
+  if (any == 0) return reports;
+  if (rank != 0) {
+    send_text(report.dump(), 0, kUnfitReportTag, world);
+    return reports;
+  }
+  for (int from = 1; from < size; ++from)
+    reports.push_back(nlohmann::json::parse(receive_text(from, kUnfitReportTag, world)));
+  return reports;
 }
 
 std::size_t micro_batches_per_host_step(const TrainConfig& config) {

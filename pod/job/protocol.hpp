@@ -96,10 +96,16 @@ class IpuGroups {
 };
 
 // After every IPU compiled (and checked a resumed checkpoint): the worst status of all ranks
-// (collective over the world). Each rank gives its own; IPU 0's message reaches the host,
-// which returns it in *message.
+// (collective over the world). Each rank gives its own; the message of the lowest rank with the
+// worst status reaches the host, which returns it in *host_message.
 int start_verdict(MPI_Comm world, int status, const std::string& message,
                   std::string* host_message = nullptr);
+// After a start verdict against the job (collective over the world): when some IPU's program
+// does not fit its tiles (compiled with --allow-out-of-memory), every IPU sends the host its
+// memory report and the host returns them in IPU order; otherwise nothing is sent and the
+// result is empty. The host passes unfit = false and no report.
+std::vector<nlohmann::json> gather_unfit_reports(MPI_Comm world, bool unfit,
+                                                 const nlohmann::json& report = {});
 
 // A text (JSON reports, manifests) from one rank to another, its length found on arrival.
 void send_text(const std::string& text, int to, int tag, MPI_Comm comm);

@@ -2,8 +2,11 @@
 // a runtime failure after start-up aborts the whole MPI job with the message on stderr.
 #include "pod/job/train.hpp"
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <thread>
 
 namespace ipupod::pod {
 
@@ -25,6 +28,11 @@ int run_train(const TrainConfig& config, MPI_Comm world) {
 }
 
 void abort_job(MPI_Comm world, const std::string& what) {
+  // Several threads of a rank (the host's feeders) can fail at once: the first says why and
+  // ends the job; the others wait for the end instead of calling MPI_Abort again.
+  static std::atomic<bool> aborting{false};
+  if (aborting.exchange(true))
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   int rank = 0;
   MPI_Comm_rank(world, &rank);
   std::cerr << "ipupod train: error on rank " << rank

@@ -50,10 +50,15 @@ TEST(TileMemory, AllowOutOfMemoryFinishesAndReports) {
   Graph g(tiny());
   Tensor t = g.add_variable(DType::f32, {tiny().bytes_per_tile}, "big");  // 4x a tile
   g.map_linearly(t, 1, 0, 2);
+  g.set_host_access(t);
   Engine e(g, {}, {.allow_out_of_memory = true});
   EXPECT_EQ(e.memory().tiles_over(), 2u);
   EXPECT_EQ(e.memory().tiles[0].not_always_live, 2 * tiny().bytes_per_tile);
   EXPECT_THROW(e.run("none"), std::logic_error);
+  // No tile memory backs a graph that does not fit: the host cannot write or read it either.
+  std::vector<float> values(t.elements(), 1.0f);
+  EXPECT_THROW(e.write_values(t, values), std::logic_error);
+  EXPECT_THROW(e.read(t), std::logic_error);
 }
 
 // An engine built to plan only (what `ipupod compile` builds) lays memory out exactly as one

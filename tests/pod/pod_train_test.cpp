@@ -227,6 +227,62 @@ TEST_F(PodTrain, ModelThatDoesNotFitFailsWithTheTileReport) {
     EXPECT_NE(r.output.find(part), std::string::npos) << part << " not in:\n" << r.output;
 }
 
+// --allow-out-of-memory, which the out-of-memory advice names, compiles a model that does not
+// fit and reports it: the job ends at start-up with exit 2, one message from the host, and every
+// IPU's memory report (before, every IPU rank wrote to tile memory that does not exist and died
+// on SIGSEGV).
+TEST_F(PodTrain, AllowOutOfMemoryEndsWithOneMessageAndTheMemoryReport) {
+  const fs::path run_dir = dir() / "allow-oom";
+  const Result r =
+      run(mpirun(3) + "train --hidden 1024 --data " + data().string() +
+          " --arch tiny --replicas 2 --allow-out-of-memory --run-dir " + run_dir.string());
+  expect_bad_input(r, "the model does not fit IPU 0 (replica 0, stage 0)");
+  EXPECT_NE(r.output.find("Try: more pipeline stages"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("does not fit"), r.output.rfind("does not fit")) << r.output;
+  std::ifstream in(run_dir / "memory.json");
+  ASSERT_TRUE(in) << r.output;
+  const auto memory = nlohmann::json::parse(in);
+  ASSERT_EQ(memory.size(), 2u);
+  for (const auto& ipu : memory) EXPECT_GT(ipu.at("tiles_over_capacity").get<int>(), 0);
+}
+
+// More stages than the model's split marks make: exit 2 at start-up, one message from the host
+// with the counts `ipupod compile` gives (before: exit 1 from every IPU rank).
+TEST_F(PodTrain, MoreStagesThanSplitMarksIsBadInput) {
+  const Result r = run(mpirun(4) + "train --hidden 24 --data " + data().string() +
+                       " --arch tiny --stages 3 --gradient-accumulation 3 --run-dir " +
+                       (dir() / "stages").string());
+  expect_bad_input(r, "--stages 3: model 'mlp' splits into at most 2 pipeline stage(s)");
+  EXPECT_NE(r.output.find("choose --stages 2 or fewer"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("splits into"), r.output.rfind("splits into")) << r.output;
+}
+
+// A data file truncated while the job runs: both replicas' feeders find it; the job ends with
+// exit 1 and the reason printed once (before: once per feeder, and at times SIGABRT when both
+// called MPI_Abort).
+TEST_F(PodTrain, DataTruncatedWhileTrainingEndsTheJobOnceWithTheReason) {
+  const fs::path copy = dir() / "truncated.h5", log = dir() / "truncated.log",
+                 script = dir() / "truncate.sh";
+  fs::copy_file(data(), copy, fs::copy_options::overwrite_existing);
+  // Start a long run, truncate the file once it trains, and wait for the job's end.
+  std::ofstream(script) << mpirun(3) << "train --hidden 16 --data " << copy.string()
+                        << " --arch tiny --replicas 2 --micro-batch 4 --epochs 1000 --run-dir "
+                        << (dir() / "truncated").string() << " > " << log.string() << " 2>&1 &\n"
+                        << "job=$!\n"
+                        << "for i in $(seq 1 600); do grep -q ' step ' " << log.string()
+                        << " && break; sleep 0.2; done\n"
+                        << "truncate -s 100000 " << copy.string() << "\n"
+                        << "wait $job\n"
+                        << "echo \"job exit code $?\"\n"
+                        << "cat " << log.string() << "\n";
+  const Result r = run("sh " + script.string(), 300);
+  EXPECT_NE(r.output.find("job exit code 1\n"), std::string::npos) << r.output;
+  const std::string reason = "(was it truncated or rewritten while the job ran?)";
+  EXPECT_NE(r.output.find(reason), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(reason), r.output.rfind(reason)) << r.output;
+  EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+}
+
 TEST_F(PodTrain, MissingDataFileIsBadInput) {
   expect_bad_input(
       run(mpirun(3) + "train --data " + (dir() / "absent.h5").string() + " --replicas 2"),
