@@ -87,10 +87,10 @@ void check_stage_count(const TrainConfig& config, const models::Model& model) {
   if (split != config.stages)
     throw UsageError("--stages " + std::to_string(config.stages) + ": model '" + config.model +
                      "' splits into at most " + std::to_string(split) +
-                     " pipeline stage(s) at this size (" +
+                     " pipeline stages at this size (" +
                      (config.split == "auto" ? "--split auto" : "its split marks") +
-                     "); choose --stages " + std::to_string(split) +
-                     " or fewer, or a larger model (e.g. more --hidden layers or --depth)");
+                     "); choose --stages " + std::to_string(split) + " or fewer" +
+                     (config.split == "auto" ? "" : ", or --split auto (which may split any op)"));
 }
 
 JobModels build_job_models(const TrainConfig& config, const DataShape& data,

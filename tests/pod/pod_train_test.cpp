@@ -252,7 +252,7 @@ TEST_F(PodTrain, MoreStagesThanSplitMarksIsBadInput) {
   const Result r = run(mpirun(4) + "train --hidden 24 --data " + data().string() +
                        " --arch tiny --stages 3 --gradient-accumulation 3 --run-dir " +
                        (dir() / "stages").string());
-  expect_bad_input(r, "--stages 3: model 'mlp' splits into at most 2 pipeline stage(s)");
+  expect_bad_input(r, "--stages 3: model 'mlp' splits into at most 2 pipeline stages");
   EXPECT_NE(r.output.find("choose --stages 2 or fewer"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("splits into"), r.output.rfind("splits into")) << r.output;
 }
