@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -116,6 +117,14 @@ void add_config_file_option(CLI::App& app) {
                  "{\"model\": \"hae\", \"micro-batch\": 8, \"hidden\": [64, 32], "
                  "\"recompute\": true}; options on the command line win")
       ->type_name("FILE");
+}
+
+// This process's rank when a launcher (mpirun, srun) started it, known before MPI_Init; -1 when
+// it was not. Every rank parses the same arguments: rank 0 alone says what is wrong with them.
+int launcher_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (const char* value = std::getenv(name)) return std::atoi(value);
+  return -1;
 }
 
 // Bad usage found while reading a config file (exit code 2).
@@ -353,9 +362,10 @@ int main(int argc, char** argv) {
     for (auto& a : args) expanded.push_back(a.data());
     app.parse(static_cast<int>(expanded.size()), expanded.data());
   } catch (const ConfigFileError& e) {
-    std::cerr << "ipupod: " << e.what() << "\n";
+    if (launcher_rank() <= 0) std::cerr << "ipupod: " << e.what() << "\n";
     return 2;
   } catch (const CLI::ParseError& e) {
+    if (launcher_rank() > 0) return e.get_exit_code() == 0 ? 0 : 2;
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }

@@ -283,6 +283,14 @@ TEST_F(PodTrain, DataTruncatedWhileTrainingEndsTheJobOnceWithTheReason) {
   EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
 }
 
+// Under mpirun every rank parses the arguments; an option out of range is reported once.
+TEST_F(PodTrain, AnOptionOutOfRangeIsReportedOnceUnderMpirun) {
+  const Result r =
+      run(mpirun(3) + "train --replicas 2 --data " + data().string() + " --micro-batch=-1");
+  expect_bad_input(r, "--micro-batch: expected a whole number in [1, 2147483647], got '-1'");
+  EXPECT_EQ(r.output.find("--micro-batch:"), r.output.rfind("--micro-batch:")) << r.output;
+}
+
 TEST_F(PodTrain, MissingDataFileIsBadInput) {
   expect_bad_input(
       run(mpirun(3) + "train --data " + (dir() / "absent.h5").string() + " --replicas 2"),
