@@ -1,10 +1,16 @@
-// StreamServer: accept loop with hello authentication, per-client connections (reader thread
-// each), credit-gated sends. Asio is used synchronously except for the timed accept.
+// StreamServer: asynchronous accept and hello handshakes (every connection waits for its hello
+// at the same time, each under its own deadline), then per-client connections with a reader
+// thread each and credit-gated sends.
 #include "host/stream_server.hpp"
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+#include <cstring>
 #include <iostream>
+#include <list>
 #include <random>
 #include <vector>
 
@@ -14,6 +20,14 @@ namespace ipupod::host {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using boost::asio::ip::tcp;
+
+// Connections that have not said hello yet, at most: a stranger who opens more only pushes out
+// its own oldest ones (a real client says hello as soon as it connects), and the memory they
+// hold stays bounded (a socket and at most one hello frame each).
+constexpr std::size_t kMaxPendingHellos = 64;
+// After an accept fails (e.g. out of file descriptors), wait this long before the next.
+constexpr std::chrono::milliseconds kAcceptRetryPause{20};
 
 std::chrono::milliseconds remaining(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -28,6 +42,20 @@ bool same_secret(const std::string& expected, const std::string& given) {
   }
   return difference == 0;
 }
+
+// Thrown by a reader that only has a frame's header, once read_frame has checked it.
+struct HeaderChecked {};
+
+// One accepted connection that has not said hello yet.
+struct PendingHello {
+  PendingHello(tcp::socket s, boost::asio::io_context& io, std::string from)
+      : socket(std::move(s)), deadline(io), peer(std::move(from)) {}
+  tcp::socket socket;
+  boost::asio::steady_timer deadline;
+  std::string peer;
+  std::vector<std::byte> bytes;  // the header, then the dims, payload and trailer after it
+  bool finished = false;
+};
 
 }  // namespace
 
@@ -45,8 +73,13 @@ std::string make_secret() {
 struct StreamServer::Impl {
   ServerConfig config;
   boost::asio::io_context io;
-  boost::asio::ip::tcp::acceptor acceptor{io};
+  tcp::acceptor acceptor{io};
+  boost::asio::steady_timer accept_pause{io};
+  std::uint16_t port = 0;
   std::vector<std::unique_ptr<detail::Connection>> clients;
+  std::list<std::shared_ptr<PendingHello>> pending;  // oldest first
+  std::size_t refused = 0;
+  std::string last_refusal;
   bool closed = false;
 
   void log(const std::string& message) const {
@@ -70,32 +103,103 @@ struct StreamServer::Impl {
     return *clients[id];
   }
 
-  // One accept, bounded by the deadline; returns false on timeout.
-  bool accept_one(boost::asio::ip::tcp::socket& socket, Clock::time_point deadline) {
-    boost::system::error_code result = boost::asio::error::would_block;
-    acceptor.async_accept(socket, [&](const boost::system::error_code& ec) { result = ec; });
-    io.restart();
-    io.run_for(remaining(deadline));
-    if (result == boost::asio::error::would_block) {
-      acceptor.cancel();
-      io.restart();
-      io.run();
-      return false;
-    }
-    if (result) throw StreamError("accepting a stream connection failed: " + result.message());
-    return true;
+  std::size_t missing() const {
+    std::size_t count = 0;
+    for (const auto& client : clients) count += client ? 0 : 1;
+    return count;
   }
 
-  // Reads and checks the hello of a fresh connection; returns the client id or the refusal reason.
-  std::size_t authenticate(detail::Connection& connection, Clock::time_point deadline,
-                           std::string& refusal) {
-    WireFrame hello;
-    try {
-      hello = connection.pop(std::min(remaining(deadline), config.hello_timeout), "a hello");
-    } catch (const StreamError& error) {
-      refusal = error.what();
-      return 0;
+  void start_accept() {
+    auto socket = std::make_shared<tcp::socket>(io);
+    acceptor.async_accept(*socket, [this, socket](const boost::system::error_code& ec) {
+      if (ec == boost::asio::error::operation_aborted || !acceptor.is_open()) return;
+      if (ec) {
+        last_refusal = "accepting a connection failed: " + ec.message();
+        accept_pause.expires_after(kAcceptRetryPause);
+        accept_pause.async_wait([this](const boost::system::error_code& waited) {
+          if (!waited && acceptor.is_open()) start_accept();
+        });
+        return;
+      }
+      start_hello(std::move(*socket));
+      start_accept();
+    });
+  }
+
+  void start_hello(tcp::socket socket) {
+    if (pending.size() >= kMaxPendingHellos) {
+      refuse(pending.front(), std::to_string(kMaxPendingHellos) +
+                                  " connections were waiting to say hello; the oldest goes");
     }
+    boost::system::error_code ec;
+    const auto remote = socket.remote_endpoint(ec);
+    const std::string peer =
+        ec ? std::string("unknown peer")
+           : remote.address().to_string() + ":" + std::to_string(remote.port());
+    auto hello = std::make_shared<PendingHello>(std::move(socket), io, peer);
+    pending.push_back(hello);
+    hello->deadline.expires_after(config.hello_timeout);
+    hello->deadline.async_wait([this, hello](const boost::system::error_code& waited) {
+      if (!waited && !hello->finished)
+        refuse(hello, "no hello within " + std::to_string(config.hello_timeout.count()) + " ms");
+    });
+    hello->bytes.resize(kFrameHeaderBytes);
+    boost::asio::async_read(hello->socket, boost::asio::buffer(hello->bytes),
+                            [this, hello](const boost::system::error_code& read, std::size_t) {
+                              on_header(hello, read);
+                            });
+  }
+
+  void on_header(const std::shared_ptr<PendingHello>& hello, const boost::system::error_code& ec) {
+    if (hello->finished) return;
+    if (ec) return refuse(hello, read_failure(ec));
+    // read_frame checks the header (magic, version, kind, bounds) before it asks for more.
+    bool served = false;
+    const ReadExact header_only = [&](std::span<std::byte> buffer) {
+      if (served) throw HeaderChecked{};
+      std::memcpy(buffer.data(), hello->bytes.data(), buffer.size());
+      served = true;
+    };
+    try {
+      read_frame(header_only, detail::kMaxHelloPayloadBytes);
+    } catch (const HeaderChecked&) {
+    } catch (const FrameError& error) {
+      return refuse(hello, error.what());
+    }
+    std::uint64_t payload_bytes = 0;
+    std::memcpy(&payload_bytes, hello->bytes.data() + 20, sizeof payload_bytes);
+    const std::size_t rank = std::to_integer<std::size_t>(hello->bytes[10]);
+    const std::size_t rest = 8 * rank + payload_bytes + kFrameTrailerBytes;  // bounded above
+    hello->bytes.resize(kFrameHeaderBytes + rest);
+    boost::asio::async_read(hello->socket,
+                            boost::asio::buffer(hello->bytes.data() + kFrameHeaderBytes, rest),
+                            [this, hello](const boost::system::error_code& read, std::size_t) {
+                              on_frame(hello, read);
+                            });
+  }
+
+  void on_frame(const std::shared_ptr<PendingHello>& hello, const boost::system::error_code& ec) {
+    if (hello->finished) return;
+    if (ec) return refuse(hello, read_failure(ec));
+    WireFrame wire;
+    try {
+      wire = decode_frame(hello->bytes, detail::kMaxHelloPayloadBytes);
+    } catch (const FrameError& error) {
+      return refuse(hello, error.what());
+    }
+    std::string refusal;
+    const std::size_t id = check_hello(wire, refusal);
+    if (!refusal.empty()) return refuse(hello, refusal);
+    admit(hello, id);
+  }
+
+  static std::string read_failure(const boost::system::error_code& ec) {
+    if (ec == boost::asio::error::eof) return "the peer closed the connection before its hello";
+    return "reading its hello failed: " + ec.message();
+  }
+
+  // Returns the client id the hello claims, or sets the reason to refuse it.
+  std::size_t check_hello(const WireFrame& hello, std::string& refusal) const {
     if (hello.kind != FrameKind::hello) {
       refusal = "the first frame was '" + std::string(frame_kind_name(hello.kind)) +
                 "', expected 'hello'";
@@ -117,6 +221,57 @@ struct StreamServer::Impl {
       return 0;
     }
     return static_cast<std::size_t>(id);
+  }
+
+  void finish(const std::shared_ptr<PendingHello>& hello) {
+    hello->finished = true;
+    hello->deadline.cancel();
+    pending.remove(hello);
+  }
+
+  // Says why (best effort: a small frame into an empty send buffer) and closes the connection.
+  // Takes its own reference: the list entry it may be given goes away in finish().
+  void refuse(std::shared_ptr<PendingHello> hello, const std::string& reason) {
+    finish(hello);
+    ++refused;
+    last_refusal = reason;
+    log("refused stream connection from " + hello->peer + ": " + reason);
+    boost::system::error_code ignored;
+    hello->socket.non_blocking(true, ignored);
+    boost::asio::write(hello->socket,
+                       boost::asio::buffer(encode_frame(
+                           FrameKind::close, Frame{0, 0, text_array("refused: " + reason)})),
+                       ignored);
+    hello->socket.shutdown(tcp::socket::shutdown_both, ignored);
+    hello->socket.close(ignored);
+  }
+
+  void admit(const std::shared_ptr<PendingHello>& hello, std::size_t id) {
+    finish(hello);
+    boost::system::error_code ignored;
+    hello->socket.non_blocking(false, ignored);
+    auto connection = std::make_unique<detail::Connection>(
+        std::move(hello->socket), "client " + std::to_string(id) + " (" + hello->peer + ")",
+        /*trusted=*/true, [this](const std::string& line) { log(line); });
+    try {
+      connection->write(FrameKind::hello, Frame{0, id, {DType::u8, {0}, {}}});
+    } catch (const StreamError& error) {
+      ++refused;
+      last_refusal = error.what();
+      log(std::string("lost stream client ") + std::to_string(id) + ": " + error.what());
+      return;  // it may connect again
+    }
+    clients[id] = std::move(connection);
+  }
+
+  // Ends every handshake still waiting and lets their handlers finish.
+  void drop_pending(const std::string& reason) {
+    while (!pending.empty()) refuse(pending.front(), reason);
+    boost::system::error_code ignored;
+    acceptor.cancel(ignored);
+    accept_pause.cancel();
+    io.restart();
+    io.run();
   }
 };
 
@@ -145,6 +300,7 @@ StreamServer::StreamServer(ServerConfig config) : impl_(std::make_unique<Impl>()
     throw StreamError("StreamServer: cannot listen on " + where + ": " + ec.message() +
                       (c.port != 0 ? " (choose another port, or 0 for any free one)" : ""));
   }
+  impl_->port = acceptor.local_endpoint().port();
 }
 
 StreamServer::~StreamServer() {
@@ -152,51 +308,39 @@ StreamServer::~StreamServer() {
 }
 
 std::uint16_t StreamServer::port() const {
-  return impl_->acceptor.local_endpoint().port();
+  return impl_->port;
 }
 
 void StreamServer::accept_clients() {
   Impl& s = *impl_;
   if (s.closed) throw StreamError("StreamServer::accept_clients: the server is closed");
+  if (s.missing() == 0) return;
   const auto deadline = Clock::now() + s.config.timeout;
-  auto missing = [&] {
-    std::size_t count = 0;
-    for (const auto& client : s.clients) count += client ? 0 : 1;
-    return count;
-  };
-  while (missing() > 0) {
-    boost::asio::ip::tcp::socket socket(s.io);
-    if (!s.accept_one(socket, deadline)) {
-      std::string absent;
-      for (std::size_t id = 0; id < s.clients.size(); ++id) {
-        if (!s.clients[id]) absent += (absent.empty() ? "" : ", ") + std::to_string(id);
-      }
-      throw StreamError("timed out after " + std::to_string(s.config.timeout.count()) +
-                        " ms waiting for stream clients on port " + std::to_string(port()) +
-                        "; still missing client ids " + absent +
-                        " (did those IPU ranks start, and do they use this host's address?)");
-    }
-    boost::system::error_code ec;
-    const auto remote = socket.remote_endpoint(ec);
-    const std::string peer_address =
-        ec ? std::string("unknown peer")
-           : remote.address().to_string() + ":" + std::to_string(remote.port());
-    auto connection =
-        std::make_unique<detail::Connection>(std::move(socket), peer_address, /*trusted=*/false,
-                                             [&s](const std::string& line) { s.log(line); });
-    std::string refusal;
-    const std::size_t id = s.authenticate(*connection, deadline, refusal);
-    if (!refusal.empty()) {
-      s.log("refused stream connection from " + peer_address + ": " + refusal);
-      connection->write_close("refused: " + refusal);
-      connection->shutdown();
-      continue;
-    }
-    connection->set_peer("client " + std::to_string(id) + " (" + peer_address + ")");
-    connection->set_authenticated();
-    connection->write(FrameKind::hello, Frame{0, id, {DType::u8, {0}, {}}});
-    s.clients[id] = std::move(connection);
+  s.io.restart();
+  s.start_accept();
+  while (s.missing() > 0 && Clock::now() < deadline) s.io.run_one_for(remaining(deadline));
+  if (s.missing() == 0) {
+    // Nobody else may connect: the port closes, so a late stranger is refused by the system.
+    boost::system::error_code ignored;
+    s.acceptor.close(ignored);
+    s.drop_pending("every client of this job has connected");
+    return;
   }
+  std::string refusals;
+  if (s.refused > 0) {
+    refusals = "; " + std::to_string(s.refused) +
+               " other connection(s) were refused meanwhile, the last because: " + s.last_refusal;
+  }
+  s.drop_pending("the host stopped waiting for clients");
+  std::string absent;
+  for (std::size_t id = 0; id < s.clients.size(); ++id) {
+    if (!s.clients[id]) absent += (absent.empty() ? "" : ", ") + std::to_string(id);
+  }
+  throw StreamError("timed out after " + std::to_string(s.config.timeout.count()) +
+                    " ms waiting for stream clients on port " + std::to_string(s.port) +
+                    "; still missing client ids " + absent +
+                    " (did those IPU ranks start, and do they use this host's address?)" +
+                    refusals);
 }
 
 void StreamServer::send(std::size_t client, const FrameView& frame,

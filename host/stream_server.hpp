@@ -22,7 +22,8 @@ struct ServerConfig {
   std::string secret;                        // required; clients must present it in their hello
   std::size_t clients = 1;                   // client ids are 0..clients-1
   std::chrono::milliseconds timeout{60000};  // for accept_clients, send and receive
-  // How long one accepted connection may take to say hello before it is dropped.
+  // How long one accepted connection may take to say hello before it is dropped. Connections
+  // say hello concurrently, so a slow or silent one delays nobody else.
   std::chrono::milliseconds hello_timeout{10000};
   // Where refused connections are reported; nullptr = one line on stderr.
   std::function<void(const std::string&)> log;
@@ -39,9 +40,13 @@ class StreamServer {
   StreamServer& operator=(const StreamServer&) = delete;
 
   std::uint16_t port() const;
-  // Returns once every client id 0..clients-1 has said hello with the right secret. A wrong
-  // secret, an unknown or duplicate id, or a malformed hello closes that connection (reason
-  // logged and sent to the client) and the server keeps waiting; StreamError on overall timeout.
+  // Returns once every client id 0..clients-1 has said hello with the right secret, and closes
+  // the listening port (later connections are refused by the system). Every connection waits
+  // for its hello at the same time, each for at most hello_timeout; a wrong secret, an unknown
+  // or duplicate id, a malformed or missing hello closes that connection (reason logged and
+  // sent to the client) and the others carry on. At most a fixed number of connections wait
+  // for their hello at once (the oldest is dropped for a newer one). StreamError on overall
+  // timeout.
   void accept_clients();
   // Blocks while that client has no credit left; StreamError if it is gone or on timeout.
   // `before_write`, if set, runs once the credit is there, just before the frame is read and

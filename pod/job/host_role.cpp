@@ -167,14 +167,14 @@ Startup HostRole::prepare() {
   try {
     open_data();
     startup_.secret = host::make_secret();
-    server_ =
-        std::make_unique<host::StreamServer>(host::ServerConfig{.bind_address = c_.bind_address,
-                                                                .port = 0,
-                                                                .secret = startup_.secret,
-                                                                .clients = c_.replicas,
-                                                                .timeout = timeout,
-                                                                .hello_timeout = timeout,
-                                                                .log = {}});
+    server_ = std::make_unique<host::StreamServer>(
+        host::ServerConfig{.bind_address = c_.bind_address,
+                           .port = 0,
+                           .secret = startup_.secret,
+                           .clients = c_.replicas,
+                           .timeout = timeout,
+                           .hello_timeout = std::min(timeout, host::ServerConfig{}.hello_timeout),
+                           .log = {}});
     startup_.address =
         c_.bind_address == "0.0.0.0" ? boost::asio::ip::host_name() : c_.bind_address;
     startup_.port = server_->port();

@@ -7,12 +7,15 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <thread>
+#include <vector>
 
 #include "host/stream_client.hpp"
 #include "host/stream_server.hpp"
@@ -362,6 +365,88 @@ TEST(StreamRejects, OversizedHelloIsRefusedBeforeAllocating) {
   EXPECT_NE(log.all().find("exceeds the limit of 4096 bytes"), std::string::npos) << log.all();
   server.send(0, frame_of(0, 1, 1));
   EXPECT_EQ(good.receive().step, 1u);
+}
+
+// A stranger who connects and says nothing must not hold up the job's clients: every connection
+// waits for its hello at the same time (before, one silent connection held the accept loop for
+// its whole hello deadline, which the host set to the job's --timeout).
+TEST(StreamStartUp, SilentStrangersDoNotDelayTheJobsClients) {
+  const std::string secret = make_secret();
+  LogLines log;
+  ServerConfig config = server_config(secret, 2);
+  config.hello_timeout = kPatience;  // the strangers would hold every slot for this long
+  config.log = log.sink();
+  StreamServer server(config);
+  std::vector<std::unique_ptr<RawPeer>> strangers;
+  for (int i = 0; i < 3; ++i) strangers.push_back(std::make_unique<RawPeer>(server.port()));
+  const auto start = std::chrono::steady_clock::now();
+  auto accepted = std::async(std::launch::async, [&] { server.accept_clients(); });
+  StreamClient zero(client_config(server.port(), secret, 0));
+  StreamClient one(client_config(server.port(), secret, 1));
+  ASSERT_EQ(accepted.wait_for(5s), std::future_status::ready)
+      << "the silent connections held up the job's clients";
+  accepted.get();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  server.send(1, frame_of(0, 7, 7));
+  EXPECT_EQ(one.receive().step, 7u);
+  // The strangers still waiting were dropped, saying why.
+  for (auto& stranger : strangers)
+    EXPECT_NE(stranger->close_reason().find("every client of this job has connected"),
+              std::string::npos);
+  EXPECT_NE(log.all().find("every client of this job has connected"), std::string::npos)
+      << log.all();
+}
+
+TEST(StreamStartUp, ASlowHelloIsDroppedAtItsOwnDeadline) {
+  const std::string secret = make_secret();
+  LogLines log;
+  ServerConfig config = server_config(secret, 1);
+  config.hello_timeout = 200ms;
+  config.log = log.sink();
+  StreamServer server(config);
+  auto accepted = std::async(std::launch::async, [&] { server.accept_clients(); });
+  RawPeer slow(server.port());
+  // Half a hello, then nothing: dropped after 200 ms, long before the server's timeout.
+  const auto hello = encode_frame(FrameKind::hello, Frame{0, 0, text_array(secret)});
+  slow.send(std::vector<std::byte>(hello.begin(), hello.begin() + 10));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_NE(slow.close_reason().find("no hello within 200 ms"), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  StreamClient good(client_config(server.port(), secret, 0));
+  accepted.get();
+  EXPECT_NE(log.all().find("no hello within 200 ms"), std::string::npos) << log.all();
+}
+
+// More strangers than may wait at once: the oldest are dropped, memory stays bounded, and the
+// job's client still gets in.
+TEST(StreamStartUp, AFloodOfConnectionsIsBoundedAndTheClientStillGetsIn) {
+  const std::string secret = make_secret();
+  LogLines log;
+  ServerConfig config = server_config(secret, 1);
+  config.hello_timeout = kPatience;
+  config.log = log.sink();
+  StreamServer server(config);
+  auto accepted = std::async(std::launch::async, [&] { server.accept_clients(); });
+  std::vector<std::unique_ptr<RawPeer>> strangers;
+  for (int i = 0; i < 100; ++i) strangers.push_back(std::make_unique<RawPeer>(server.port()));
+  // The first stranger was pushed out by a later one (its close frame says so).
+  EXPECT_NE(strangers.front()->close_reason().find("were waiting to say hello"), std::string::npos);
+  StreamClient good(client_config(server.port(), secret, 0));
+  ASSERT_EQ(accepted.wait_for(5s), std::future_status::ready);
+  accepted.get();
+  server.send(0, frame_of(0, 3, 3));
+  EXPECT_EQ(good.receive().step, 3u);
+}
+
+// Once every client is in, the port closes: a late connection is refused at once instead of
+// waiting unanswered in the listen queue.
+TEST(StreamStartUp, ThePortClosesOnceEveryClientIsIn) {
+  const std::string secret = make_secret();
+  StreamServer server(server_config(secret, 1));
+  const std::unique_ptr<StreamClient> client = connect_one(server, secret);
+  EXPECT_THROW(RawPeer late(server.port()), std::runtime_error);
+  server.send(0, frame_of(0, 1, 1));
+  EXPECT_EQ(client->receive().step, 1u);
 }
 
 }  // namespace
