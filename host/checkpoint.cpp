@@ -5,22 +5,30 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <sstream>
 
 #include "host/hdf5.hpp"
+#include "host/stream_protocol.hpp"
 
 namespace ipupod::host {
 namespace {
 
 constexpr const char* kFormat = "ipupod-checkpoint";
-constexpr std::uint64_t kVersion = 1;
+// Version 2 added the checksum record; version 1 files cannot be verified and are refused.
+constexpr std::uint64_t kVersion = 2;
 
 void check_name(const std::string& name, const std::string& kind) {
-  if (name.empty() || name == ".") {
+  const bool control = std::any_of(name.begin(), name.end(),
+                                   [](char c) { return static_cast<unsigned char>(c) < 32; });
+  if (name.empty() || name == "." || control) {
     throw CheckpointError("cannot save " + kind + " '" + name +
-                          "': a checkpoint name must be non-empty and not '.'");
+                          "': a checkpoint name must be non-empty, not '.' and free of control "
+                          "characters");
   }
 }
 
@@ -95,6 +103,109 @@ std::string read_text(const h5::Group& group, const std::string& name) {
   return std::string(reinterpret_cast<const char*>(array.bytes.data()), array.bytes.size());
 }
 
+std::span<const std::byte> text_bytes(const std::string& text) {
+  return std::as_bytes(std::span(text.data(), text.size()));
+}
+
+// A tensor's checksum covers its dtype and shape as well as its bytes.
+std::uint32_t tensor_checksum(const HostArray& array) {
+  return crc32c(array.bytes, crc32c(text_bytes(array.describe())));
+}
+
+// The checksum record: one line per part ("<kind> <crc32c> <link name>"), the step first. Its own
+// CRC32C is the root attribute "checksum", so an edit anywhere in the file is found.
+std::string checksum_record(const Checkpoint& checkpoint) {
+  std::ostringstream out;
+  out << "step " << checkpoint.step << "\n";
+  out << "config_json " << crc32c(text_bytes(checkpoint.config_json)) << "\n";
+  out << "state_json " << crc32c(text_bytes(checkpoint.state_json)) << "\n";
+  for (const auto& [name, state] : checkpoint.rng_states)
+    out << "rng " << crc32c(text_bytes(state)) << " " << link_name(name) << "\n";
+  for (const auto& [name, array] : checkpoint.tensors)
+    out << "tensor " << tensor_checksum(array) << " " << link_name(name) << "\n";
+  return out.str();
+}
+
+// Compares the loaded parts with the record written beside them; names the first part that
+// differs.
+void verify_checksums(const Checkpoint& checkpoint, const std::string& stored,
+                      const std::string& path) {
+  const std::string computed = checksum_record(checkpoint);
+  if (computed == stored) return;
+  const auto lines = [&path](const std::string& text) {
+    std::map<std::string, std::string> by_part;  // "tensor fc0.weight" -> crc
+    std::istringstream in(text);
+    std::string line;
+    while (std::getline(in, line)) {
+      const std::size_t first = line.find(' ');
+      if (first == std::string::npos) continue;
+      std::string kind = line.substr(0, first), crc = line.substr(first + 1);
+      if (kind == "rng" || kind == "tensor") {
+        const std::size_t second = crc.find(' ');  // names may hold spaces: the rest is the name
+        if (second == std::string::npos) continue;
+        kind += " '" + from_link_name(crc.substr(second + 1), path) + "'";
+        crc.resize(second);
+      }
+      by_part[kind] = crc;
+    }
+    return by_part;
+  };
+  const auto want = lines(stored), got = lines(computed);
+  const std::string advice =
+      ": the file was changed or damaged after it was written; resume from another checkpoint "
+      "(an earlier one, or a copy)";
+  for (const auto& [part, crc] : got) {
+    const auto found = want.find(part);
+    if (found == want.end()) {
+      throw CheckpointError("checkpoint '" + path + "': " + part +
+                            " is not in its checksum record" + advice);
+    }
+    if (found->second != crc) {
+      const bool step = part == "step";
+      throw CheckpointError("checkpoint '" + path + "': " + part +
+                            (step ? " is " + crc + " but the checksum record says " + found->second
+                                  : " fails its CRC32C check (computed " + crc + ", recorded " +
+                                        found->second + ")") +
+                            advice);
+    }
+  }
+  for (const auto& [part, crc] : want) {
+    if (!got.contains(part))
+      throw CheckpointError("checkpoint '" + path + "': " + part +
+                            " is in its checksum record but missing from the file" + advice);
+  }
+  throw CheckpointError("checkpoint '" + path + "': its checksum record does not match" + advice);
+}
+
+// Weights and optimizer state must be finite: a NaN or infinity would train to nonsense.
+void check_finite(const std::string& name, const HostArray& array, const std::string& path) {
+  std::size_t bad = array.elements();
+  std::string value;
+  if (array.dtype == DType::f32) {
+    const auto values = array.as<const float>();
+    const auto it =
+        std::find_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); });
+    if (it != values.end()) {
+      bad = static_cast<std::size_t>(it - values.begin());
+      value = std::isnan(*it) ? "nan" : (*it > 0 ? "inf" : "-inf");
+    }
+  } else if (array.dtype == DType::f16) {
+    const auto values = array.as<const Half>();
+    const auto it = std::find_if(values.begin(), values.end(), [](Half h) {
+      return (h.bits & 0x7C00U) == 0x7C00U;
+    });  // exponent all ones
+    if (it != values.end()) {
+      bad = static_cast<std::size_t>(it - values.begin());
+      value = (it->bits & 0x03FFU) ? "nan" : ((it->bits & 0x8000U) ? "-inf" : "inf");
+    }
+  }
+  if (bad == array.elements()) return;
+  throw CheckpointError("checkpoint '" + path + "': tensor '" + name + "' " + array.describe() +
+                        " holds " + value + " at element " + std::to_string(bad) +
+                        "; expected finite values (the run it came from had diverged, or the file "
+                        "was edited); resume from an earlier checkpoint");
+}
+
 // fsync of a file or directory by path; `what` names it in the error.
 void sync_path(const std::string& path, int flags, const std::string& what) {
   const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
@@ -132,6 +243,9 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint,
       file.set_string_attribute("format", kFormat);
       file.set_uint64_attribute("version", kVersion);
       file.set_uint64_attribute("step", checkpoint.step);
+      const std::string record = checksum_record(checkpoint);
+      file.set_uint64_attribute("checksum", crc32c(text_bytes(record)));
+      write_array(file, "checksums", bytes_of(record));
       write_array(file, "config_json", bytes_of(checkpoint.config_json));
       write_array(file, "state_json", bytes_of(checkpoint.state_json));
       h5::Group rng = file.create_group("rng");
@@ -185,13 +299,27 @@ Checkpoint load_checkpoint(const std::string& path) {
     if (version != kVersion) {
       throw CheckpointError("checkpoint '" + path + "' has format version " +
                             std::to_string(version) + "; this build reads version " +
-                            std::to_string(kVersion));
+                            std::to_string(kVersion) +
+                            (version < kVersion ? " (older checkpoints carry no checksums and "
+                                                  "cannot be verified; start the run afresh)"
+                                                : " (use the ipupod build that wrote it)"));
     }
-    for (const char* part : {"config_json", "state_json", "rng", "tensors"}) {
+    for (const char* part : {"checksums", "config_json", "state_json", "rng", "tensors"}) {
       if (!file.has_link(part)) {
         throw CheckpointError("checkpoint '" + path + "' lacks '/" + part +
                               "'; it is damaged or was not written by ipupod");
       }
+    }
+    const std::string record = read_text(file, "checksums");
+    const std::uint64_t record_checksum = file.uint64_attribute("checksum");
+    if (record_checksum != crc32c(text_bytes(record))) {
+      throw CheckpointError("checkpoint '" + path +
+                            "': its checksum record fails its CRC32C check "
+                            "(computed " +
+                            std::to_string(crc32c(text_bytes(record))) + ", recorded " +
+                            std::to_string(record_checksum) +
+                            "): the file was changed or damaged after it was written; resume "
+                            "from another checkpoint (an earlier one, or a copy)");
     }
     Checkpoint checkpoint;
     checkpoint.step = file.uint64_attribute("step");
@@ -205,6 +333,8 @@ Checkpoint load_checkpoint(const std::string& path) {
     for (const std::string& name : tensors.link_names()) {
       checkpoint.tensors[from_link_name(name, path)] = read_array(tensors, name);
     }
+    verify_checksums(checkpoint, record, path);
+    for (const auto& [name, array] : checkpoint.tensors) check_finite(name, array, path);
     return checkpoint;
   } catch (const Hdf5Error& error) {
     throw CheckpointError("cannot read checkpoint '" + path + "': " + error.what());

@@ -14,8 +14,12 @@
 
 namespace ipupod::host {
 
-// Layout (format "ipupod-checkpoint", version 1):
-//   /                  attributes: format (string), version, step (uint64)
+// Layout (format "ipupod-checkpoint", version 2):
+//   /                  attributes: format (string), version, step (uint64), checksum (uint64:
+//                      the CRC32C of /checksums)
+//   /checksums         uint8[n]  text, one line per part: "step <step>", "config_json <crc>",
+//                      "state_json <crc>", "rng <crc> <name>", "tensor <crc> <name>" (a tensor's
+//                      CRC32C covers its dtype and shape, then its bytes)
 //   /config_json       uint8[n]  the run's configuration as JSON text
 //   /state_json        uint8[n]  the trainer's position and running figures as JSON text
 //   /tensors/<name>    one dataset per tensor, its dtype and shape (weights, optimizer state)
@@ -45,7 +49,9 @@ using CheckpointProgress = std::function<void(std::size_t written, std::size_t t
 void save_checkpoint(const std::string& path, const Checkpoint& checkpoint,
                      const CheckpointProgress& progress = {});
 
-// Reads a whole checkpoint; CheckpointError if it is missing, not a checkpoint, or damaged.
+// Reads a whole checkpoint; CheckpointError if it is missing, not a checkpoint, or damaged: a
+// part whose CRC32C differs from the record's (named), a step that differs from the record's,
+// or a float tensor holding NaN or infinity (named, with the element).
 Checkpoint load_checkpoint(const std::string& path);
 
 // Throws CheckpointError listing every difference: tensors the model expects that the checkpoint

@@ -1,10 +1,16 @@
 // Host-side checkpoints of a training job.
 #include "pod/job/host_checkpoints.hpp"
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <set>
+#include <sstream>
+
+#include "host/stream_protocol.hpp"
+#include "pod/report.hpp"
 
 namespace ipupod::pod {
 
@@ -38,6 +44,81 @@ EpochMetrics metrics_from_json(const nlohmann::json& j) {
   return m;
 }
 
+namespace {
+
+// checkpoint-<host step>.h5 keeps its figures in checkpoint-<host step>.metrics.json.
+constexpr const char* kMetricsSuffix = ".metrics.json";
+
+std::string metrics_path(const std::string& checkpoint_path) {
+  std::filesystem::path path(checkpoint_path);
+  return (path.parent_path() / (path.stem().string() + kMetricsSuffix)).string();
+}
+
+std::uint64_t text_checksum(const std::string& text) {
+  return host::crc32c(std::as_bytes(std::span(text.data(), text.size())));
+}
+
+// One field of a checkpoint's JSON records, checked for presence and type; the error names the
+// record and the field.
+class Fields {
+ public:
+  Fields(const nlohmann::json& record, std::string what, std::string path)
+      : record_(record), what_(std::move(what)), path_(std::move(path)) {}
+
+  std::uint64_t count(const char* key) const {
+    const nlohmann::json& value = at(key);
+    if (!value.is_number_unsigned()) wrong(key, value, "a non-negative integer");
+    return value.get<std::uint64_t>();
+  }
+  double number(const char* key) const {
+    const nlohmann::json& value = at(key);
+    if (!value.is_number() || !std::isfinite(value.get<double>()))
+      wrong(key, value, "a finite number");
+    return value.get<double>();
+  }
+  std::string text(const char* key) const {
+    const nlohmann::json& value = at(key);
+    if (!value.is_string()) wrong(key, value, "a string");
+    return value.get<std::string>();
+  }
+  std::vector<std::uint64_t> counts(const char* key) const {
+    const nlohmann::json& value = at(key);
+    if (!value.is_array()) wrong(key, value, "a list of non-negative integers");
+    for (const auto& item : value)
+      if (!item.is_number_unsigned()) wrong(key, value, "a list of non-negative integers");
+    return value.get<std::vector<std::uint64_t>>();
+  }
+  const nlohmann::json& at(const char* key) const {
+    if (!record_.is_object() || !record_.contains(key)) {
+      throw host::CheckpointError("checkpoint '" + path_ + "': its " + what_ +
+                                  " lacks the field '" + key +
+                                  "'; it was written by another ipupod version or edited; resume "
+                                  "from a checkpoint this build wrote, or start afresh");
+    }
+    return record_.at(key);
+  }
+
+ private:
+  [[noreturn]] void wrong(const char* key, const nlohmann::json& value,
+                          const char* expected) const {
+    throw host::CheckpointError("checkpoint '" + path_ + "': field '" + key + "' of its " + what_ +
+                                " is " + value.dump() + ", expected " + expected +
+                                "; it was written by another ipupod version or edited");
+  }
+
+  const nlohmann::json& record_;
+  std::string what_, path_;
+};
+
+// A position that contradicts itself (an edited step counter, a record from another run).
+[[noreturn]] void inconsistent(const std::string& path, const std::string& what) {
+  throw host::CheckpointError("checkpoint '" + path + "': " + what +
+                              "; the checkpoint is inconsistent (edited, or put together from "
+                              "different runs); resume from another checkpoint");
+}
+
+}  // namespace
+
 nlohmann::json checkpoint_config(const TrainConfig& c, const Startup& startup) {
   nlohmann::json j = config_json(c);
   j["train_steps"] = startup.train_steps;
@@ -59,16 +140,25 @@ void write_checkpoint(host::StreamServer& server, const TrainConfig& c, const St
         std::move(expect_frame(server, 0, kCheckpointFrames).array);
   progress.cycles = manifest.at("cycles").get<std::vector<std::uint64_t>>();
   checkpoint.config_json = checkpoint_config(c, startup).dump();
+  char name[64];
+  std::snprintf(name, sizeof name, "checkpoint-%06llu",
+                static_cast<unsigned long long>(progress.host_step));
+  // The figures grow with the run: they go to a file of their own beside the checkpoint, which
+  // names it and holds its checksum (written first, so no checkpoint lacks its figures).
   nlohmann::json epochs = nlohmann::json::array();
   for (const auto& m : progress.epochs) epochs.push_back(metrics_json(m));
+  const std::string metrics_name = std::string(name) + kMetricsSuffix;
+  const std::string metrics =
+      nlohmann::json{{"epochs", epochs}, {"metrics_csv", progress.csv}}.dump();
+  write_file_atomically(c.run_dir, metrics_name, metrics);
   checkpoint.state_json = nlohmann::json{
       {"epoch", progress.epoch},
       {"step", progress.step},
       {"host_step", progress.host_step},
       {"epoch_loss", progress.epoch_loss},
       {"train_seconds", progress.train_seconds},
-      {"epochs", epochs},
-      {"metrics_csv", progress.csv},
+      {"metrics_file", metrics_name},
+      {"metrics_crc32c", text_checksum(metrics)},
       {"cycles",
        progress.cycles}}.dump();
   // The loader's order is a pure function of (seed, epoch): that pair is its whole RNG state.
@@ -78,15 +168,13 @@ void write_checkpoint(host::StreamServer& server, const TrainConfig& c, const St
       {"shuffle", c.shuffle},
       {"shuffle_window", c.shuffle_window},
       {"epoch", progress.epoch}}.dump();
-  char name[64];
-  std::snprintf(name, sizeof name, "checkpoint-%06llu.h5",
-                static_cast<unsigned long long>(progress.host_step));
-  const std::string path = (std::filesystem::path(c.run_dir) / name).string();
+  const std::string path = (std::filesystem::path(c.run_dir) / name).string() + ".h5";
   host::save_checkpoint(path, checkpoint);
   written.push_back(path);
   while (c.checkpoint_keep > 0 && written.size() > c.checkpoint_keep) {
     std::error_code ignored;
     std::filesystem::remove(written.front(), ignored);
+    std::filesystem::remove(metrics_path(written.front()), ignored);
     written.pop_front();
   }
   std::cout << "  checkpoint " << path << " ("
@@ -97,6 +185,92 @@ void write_checkpoint(host::StreamServer& server, const TrainConfig& c, const St
                           std::to_string(startup.train_steps))
             << ")" << std::endl;
 }
+
+namespace {
+
+// The position must agree with itself, with the data's steps per epoch and with the loader's
+// recorded order: host step = epoch x steps per epoch + step, within the epoch.
+void check_position(const TrainConfig& c, const Startup& startup,
+                    const host::Checkpoint& checkpoint, const Progress& progress) {
+  const std::string& path = c.resume;
+  const std::uint64_t steps = startup.train_steps;
+  if (checkpoint.step != progress.host_step)
+    inconsistent(path, "the file's step attribute is " + std::to_string(checkpoint.step) +
+                           " but its state record's host_step is " +
+                           std::to_string(progress.host_step));
+  if (progress.step >= steps)
+    inconsistent(path, "state field 'step' is " + std::to_string(progress.step) +
+                           ", expected less than the " + std::to_string(steps) +
+                           " host steps of an epoch");
+  if (progress.host_step != progress.epoch * steps + progress.step)
+    inconsistent(path, "state field 'host_step' is " + std::to_string(progress.host_step) +
+                           ", expected epoch " + std::to_string(progress.epoch) + " x " +
+                           std::to_string(steps) + " steps + step " +
+                           std::to_string(progress.step) + " = " +
+                           std::to_string(progress.epoch * steps + progress.step));
+  const auto shuffle = checkpoint.rng_states.find("loader_shuffle");
+  if (shuffle == checkpoint.rng_states.end())
+    inconsistent(path, "it holds no 'loader_shuffle' RNG state (the data order)");
+  nlohmann::json order;
+  try {
+    order = nlohmann::json::parse(shuffle->second);
+  } catch (const nlohmann::json::exception& e) {
+    inconsistent(path, "its 'loader_shuffle' RNG state is not JSON: " + std::string(e.what()));
+  }
+  const Fields loader(order, "'loader_shuffle' RNG state", path);
+  if (loader.count("epoch") != progress.epoch)
+    inconsistent(path, "the data order ('loader_shuffle') is that of epoch " +
+                           std::to_string(loader.count("epoch")) + " but the state is at epoch " +
+                           std::to_string(progress.epoch));
+  if (loader.count("seed") != c.seed)
+    inconsistent(path, "the data order ('loader_shuffle') was seeded with " +
+                           std::to_string(loader.count("seed")) + ", the run with " +
+                           std::to_string(c.seed));
+}
+
+// The figures the reports continue from, from the checkpoint's own metrics file.
+void read_metrics(const std::string& path, const Fields& state, Progress& progress) {
+  const std::string name = state.text("metrics_file");
+  const std::uint64_t recorded = state.count("metrics_crc32c");
+  const std::string file =
+      (std::filesystem::path(path).parent_path() / std::filesystem::path(name).filename()).string();
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    throw host::CheckpointError("checkpoint '" + path + "': its metrics file '" + file +
+                                "' is missing; copy it along with the checkpoint (it holds the "
+                                "figures the reports continue from)");
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (text_checksum(text.str()) != recorded) {
+    throw host::CheckpointError("checkpoint '" + path + "': its metrics file '" + file +
+                                "' fails its CRC32C check (computed " +
+                                std::to_string(text_checksum(text.str())) + ", recorded " +
+                                std::to_string(recorded) +
+                                "); it was changed or belongs to another checkpoint");
+  }
+  nlohmann::json metrics;
+  try {
+    metrics = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw host::CheckpointError("checkpoint '" + path + "': its metrics file '" + file +
+                                "' is not JSON: " + e.what());
+  }
+  const Fields fields(metrics, "metrics file", path);
+  try {
+    for (const auto& m : fields.at("epochs")) progress.epochs.push_back(metrics_from_json(m));
+  } catch (const nlohmann::json::exception& e) {
+    throw host::CheckpointError("checkpoint '" + path + "': an epoch of its metrics file '" + file +
+                                "' is damaged: " + e.what());
+  }
+  progress.csv = fields.text("metrics_csv");
+  if (progress.epochs.size() != progress.epoch)
+    inconsistent(path, "its metrics file holds " + std::to_string(progress.epochs.size()) +
+                           " finished epoch(s) but the state is at epoch " +
+                           std::to_string(progress.epoch));
+}
+
+}  // namespace
 
 host::Checkpoint load_resume(const TrainConfig& c, Startup& startup, Progress& progress) {
   host::Checkpoint checkpoint = host::load_checkpoint(c.resume);
@@ -122,14 +296,15 @@ host::Checkpoint load_resume(const TrainConfig& c, Startup& startup, Progress& p
                      "': this run differs from the checkpoint's: " + list +
                      " (resume with the same options, or start afresh without --resume)");
   }
-  progress.epoch = state.at("epoch");
-  progress.step = state.at("step");
-  progress.host_step = state.at("host_step");
-  progress.epoch_loss = state.at("epoch_loss");
-  progress.train_seconds = state.at("train_seconds");
-  for (const auto& m : state.at("epochs")) progress.epochs.push_back(metrics_from_json(m));
-  progress.csv = state.at("metrics_csv");
-  progress.cycles = state.at("cycles").get<std::vector<std::uint64_t>>();
+  const Fields fields(state, "state record", c.resume);
+  progress.epoch = fields.count("epoch");
+  progress.step = fields.count("step");
+  progress.host_step = fields.count("host_step");
+  progress.epoch_loss = fields.number("epoch_loss");
+  progress.train_seconds = fields.number("train_seconds");
+  progress.cycles = fields.counts("cycles");
+  check_position(c, startup, checkpoint, progress);
+  read_metrics(c.resume, fields, progress);
   if (progress.epoch >= c.epochs)
     throw UsageError("cannot resume from '" + c.resume + "': it was written after epoch " +
                      std::to_string(progress.epoch) + " (host step " +

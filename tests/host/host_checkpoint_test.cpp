@@ -6,6 +6,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <limits>
 
 #include "host/checkpoint.hpp"
 #include "host/hdf5.hpp"
@@ -169,6 +171,73 @@ TEST(Checkpoint, LoadErrorsSayWhatIsWrong) {
   std::filesystem::resize_file(torn, std::filesystem::file_size(good) / 2);
   const std::string message = load_error(torn);
   EXPECT_NE(message.find("torn.h5"), std::string::npos) << message;
+}
+
+// Flips one bit of the first occurrence of `bytes` in the file (a tensor's stored data).
+void flip_bit_in_file(const std::string& path, const std::vector<std::byte>& bytes) {
+  std::ifstream in(path, std::ios::binary);
+  std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string needle(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  const std::size_t at = file.find(needle);
+  ASSERT_NE(at, std::string::npos) << "the tensor's bytes are not in the file";
+  ASSERT_EQ(file.find(needle, at + 1), std::string::npos) << "the tensor's bytes are ambiguous";
+  file[at + 5] = static_cast<char>(file[at + 5] ^ 0x10);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << file;
+}
+
+TEST(CheckpointIntegrity, AFlippedBitInATensorIsFoundAndNamed) {
+  TempDir dir;
+  const std::string path = dir.file("ckpt.h5");
+  const Checkpoint saved = sample_checkpoint(12, 1.0f);
+  save_checkpoint(path, saved);
+  flip_bit_in_file(path, saved.tensors.at("dense0.weight").bytes);
+  const std::string message = load_error(path);
+  EXPECT_NE(message.find("tensor 'dense0.weight' fails its CRC32C check"), std::string::npos)
+      << message;
+}
+
+TEST(CheckpointIntegrity, EditedStepAndRecordAreFound) {
+  TempDir dir;
+  const std::string path = dir.file("ckpt.h5");
+  save_checkpoint(path, sample_checkpoint(12, 1.0f));
+  h5::File::open(path, false).set_uint64_attribute("step", 13);
+  std::string message = load_error(path);
+  EXPECT_NE(message.find("step is 13 but the checksum record says 12"), std::string::npos)
+      << message;
+
+  save_checkpoint(path, sample_checkpoint(12, 1.0f));
+  h5::File::open(path, false).set_uint64_attribute("checksum", 1);
+  message = load_error(path);
+  EXPECT_NE(message.find("its checksum record fails its CRC32C check"), std::string::npos)
+      << message;
+}
+
+TEST(CheckpointIntegrity, NonFiniteValuesAreRefusedNamingTensorAndElement) {
+  TempDir dir;
+  Checkpoint nan = sample_checkpoint(3, 1.0f);
+  nan.tensors["dense0.weight/momentum"].as<float>()[1] = std::numeric_limits<float>::quiet_NaN();
+  save_checkpoint(dir.file("nan.h5"), nan);  // the checksums are right: only the values are bad
+  std::string message = load_error(dir.file("nan.h5"));
+  EXPECT_NE(message.find("tensor 'dense0.weight/momentum' float32[2] holds nan at element 1"),
+            std::string::npos)
+      << message;
+
+  Checkpoint inf = sample_checkpoint(3, 1.0f);
+  inf.tensors["half"] = HostArray::zeros(DType::f16, {3});
+  inf.tensors["half"].as<Half>()[2].bits = 0xFC00;  // -infinity
+  save_checkpoint(dir.file("inf.h5"), inf);
+  message = load_error(dir.file("inf.h5"));
+  EXPECT_NE(message.find("tensor 'half' float16[3] holds -inf at element 2"), std::string::npos)
+      << message;
+}
+
+TEST(CheckpointIntegrity, AFormerFormatWithoutChecksumsIsRefused) {
+  TempDir dir;
+  const std::string path = dir.file("ckpt.h5");
+  save_checkpoint(path, sample_checkpoint(12, 1.0f));
+  h5::File::open(path, false).set_uint64_attribute("version", 1);
+  const std::string message = load_error(path);
+  EXPECT_NE(message.find("carry no checksums"), std::string::npos) << message;
 }
 
 TEST(Checkpoint, CompatibilityListsEveryDifference) {

@@ -5,9 +5,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -188,6 +193,100 @@ TEST_F(PodResume, ResumeThatDoesNotFitTheRunIsBadInput) {
   const Result missing = train("missing", "--epochs 2 --resume " + (dir() / "nope.h5").string());
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
   EXPECT_NE(missing.output.find("does not exist"), std::string::npos) << missing.output;
+}
+
+// A checkpoint that was damaged or edited after it was written is refused with exit code 2,
+// naming the tensor or field, instead of training on from nonsense.
+TEST_F(PodResume, DamagedOrEditedCheckpointsAreRefusedNamingWhat) {
+  const Result saved = train("intact", "--epochs 1 --checkpoint-every 15");
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  const fs::path original = dir() / "intact" / "checkpoint-000015.h5";
+  const fs::path metrics = dir() / "intact" / "checkpoint-000015.metrics.json";
+  ASSERT_TRUE(fs::exists(metrics));
+  // Each case gets its own copy of the checkpoint and its metrics file.
+  const auto copy = [&](const std::string& name) {
+    fs::create_directories(dir() / name);
+    fs::copy_file(original, dir() / name / original.filename());
+    fs::copy_file(metrics, dir() / name / metrics.filename());
+    return (dir() / name / original.filename()).string();
+  };
+  const auto expect_refused = [&](const std::string& name, const std::string& path,
+                                  const std::vector<std::string>& needles) {
+    const Result r = train(name + "-run", "--epochs 2 --resume " + path);
+    EXPECT_EQ(r.exit_code, 2) << name << ":\n" << r.output;
+    for (const auto& needle : needles)
+      EXPECT_NE(r.output.find(needle), std::string::npos) << name << ": " << needle << "\n"
+                                                          << r.output;
+  };
+  using ipupod::host::Checkpoint;
+
+  // A bit flipped in a weight on disk.
+  {
+    const std::string path = copy("flipped");
+    const Checkpoint c = ipupod::host::load_checkpoint(path);
+    const auto& bytes = c.tensors.at("head.weight").bytes;
+    std::ifstream in(path, std::ios::binary);
+    std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::size_t at =
+        file.find(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+    ASSERT_NE(at, std::string::npos);
+    file[at + 9] = static_cast<char>(file[at + 9] ^ 0x04);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << file;
+    expect_refused("flipped", path, {"tensor 'head.weight' fails its CRC32C check"});
+  }
+  // A NaN written into a weight with valid checksums (e.g. a run that had diverged).
+  {
+    const std::string path = copy("nan");
+    Checkpoint c = ipupod::host::load_checkpoint(path);
+    c.tensors.at("fc0.weight").as<float>()[3] = std::nanf("");
+    ipupod::host::save_checkpoint(path, c);
+    expect_refused("nan", path, {"tensor 'fc0.weight'", "holds nan at element 3"});
+  }
+  // The step counter edited in the file, and in the state record with fresh checksums.
+  {
+    const std::string path = copy("step");
+    Checkpoint c = ipupod::host::load_checkpoint(path);
+    c.step = 9;
+    ipupod::host::save_checkpoint(path, c);
+    expect_refused("step", path, {"step attribute is 9", "host_step is 15"});
+    auto state = nlohmann::json::parse(c.state_json);
+    state["host_step"] = 14;
+    c.step = 14;
+    c.state_json = state.dump();
+    ipupod::host::save_checkpoint(path, c);
+    expect_refused("host-step", path, {"state field 'host_step' is 14", "= 15"});
+  }
+  // A renamed key: named, where it was a raw JSON library error with exit code 1.
+  {
+    const std::string path = copy("renamed");
+    Checkpoint c = ipupod::host::load_checkpoint(path);
+    auto state = nlohmann::json::parse(c.state_json);
+    state["epoch_losses"] = state.at("epoch_loss");
+    state.erase("epoch_loss");
+    c.state_json = state.dump();
+    ipupod::host::save_checkpoint(path, c);
+    expect_refused("renamed", path, {"lacks the field 'epoch_loss'"});
+  }
+  // The metrics file is part of the checkpoint: missing or edited, it is named.
+  {
+    const std::string path = copy("no-metrics");
+    fs::remove(dir() / "no-metrics" / metrics.filename());
+    expect_refused("no-metrics", path, {"checkpoint-000015.metrics.json' is missing"});
+    fs::copy_file(metrics, dir() / "no-metrics" / metrics.filename());
+    std::ofstream(dir() / "no-metrics" / metrics.filename(), std::ios::app) << " ";
+    expect_refused("edited-metrics", path, {"fails its CRC32C check"});
+  }
+}
+
+// The running figures live beside the checkpoints, so a checkpoint's size does not grow with
+// the number of steps trained.
+TEST_F(PodResume, CheckpointsDoNotGrowWithTheRunLength) {
+  const Result r = train("growth", "--epochs 2 --checkpoint-every 1 --checkpoint-keep 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto first = fs::file_size(dir() / "growth" / "checkpoint-000001.h5");
+  const auto last = fs::file_size(dir() / "growth" / "checkpoint-000030.h5");
+  EXPECT_LT(std::max(first, last) - std::min(first, last), 64u)
+      << "checkpoint sizes " << first << " and " << last << " bytes";
 }
 
 }  // namespace
