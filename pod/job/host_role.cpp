@@ -1,6 +1,7 @@
 // The host rank of a training job: reads the HDF5 data set, streams each replica its shard over
 // TCP, collects losses, evaluation outputs and predicted cycles, and writes the run directory.
 #include <algorithm>
+#include <atomic>
 #include <boost/asio/ip/host_name.hpp>
 #include <chrono>
 #include <cmath>
@@ -23,6 +24,7 @@
 #include "pod/job/host_checkpoints.hpp"
 #include "pod/job/protocol.hpp"
 #include "pod/job/scoring.hpp"
+#include "pod/job/stop_signal.hpp"
 #include "pod/job/train.hpp"
 #include "pod/report.hpp"
 
@@ -92,6 +94,11 @@ class HostRole {
   void join_feeders() {
     for (auto& f : feeders_) f.join();
   }
+  // The signal on which the ranks agreed to stop, 0 if training ran to the end.
+  int stopped() const { return stop_.signal; }
+  // After a stop: ends the feeders (which would wait on credits no IPU will grant), closes the
+  // streams and says what happened and how to continue; returns the exit code.
+  int finish_stopped();
   FinalReports collect_reports();
   void write_run_files(const FinalReports& reports);
   void close() { server_->close(); }
@@ -122,6 +129,16 @@ class HostRole {
   double train_seconds_ = 0;
   std::vector<std::uint64_t> cycle_parts_;  // the slowest replica's predicted cycles by kind
   std::deque<std::string> checkpoints_written_;
+  // Where the ranks agreed to stop (stop_signal.hpp), and whether a checkpoint holds that point.
+  struct Stop {
+    int signal = 0;
+    std::size_t epoch = 0, step = 0;  // the next step, as a checkpoint records it
+    std::uint64_t host_step = 0;
+    bool checkpointed = false;
+  } stop_;
+  std::atomic<bool> stopping_{false};
+  bool stop_here(std::size_t e, std::size_t next_step, std::uint64_t host_step, double epoch_loss,
+                 double seconds, bool checkpoint_written);
 };
 
 void HostRole::open_data() {
@@ -239,8 +256,13 @@ void HostRole::feed(std::size_t r) {
       }
     }
   } catch (const std::exception& e) {
-    // A closed stream usually means the IPU failed: give its own report time to arrive.
-    std::this_thread::sleep_for(std::chrono::seconds(2));
+    if (stopping_) return;  // the host closed the streams after a stop signal
+    // A closed stream usually means the IPU failed: give its own report time to arrive. Or
+    // the IPUs stopped on a signal and the host has not yet seen the ranks agree on it.
+    const auto until = Clock::now() + std::chrono::seconds(2);
+    while (!stopping_ && Clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (stopping_) return;
     abort_job(world_, "host feeder of replica " + std::to_string(r) + ": " + e.what());
   }
 }
@@ -318,10 +340,57 @@ double HostRole::train_epoch(std::size_t e, Clock::time_point t0) {
                 << startup_.train_steps << "  loss " << std::fixed << std::setprecision(4)
                 << step_loss << "  " << std::setprecision(0) << done / elapsed
                 << " samples/s (emulator)" << std::endl;
-    if (checkpoint_due_within_epoch(c_, done_steps, s, startup_.train_steps))
-      checkpoint(e, s + 1, done_steps, epoch_loss, train_seconds_ + seconds_since(t0));
+    const bool due = checkpoint_due_within_epoch(c_, done_steps, s, startup_.train_steps);
+    if (due) checkpoint(e, s + 1, done_steps, epoch_loss, train_seconds_ + seconds_since(t0));
+    if (stop_boundary_within_epoch(s, startup_.train_steps) &&
+        stop_here(e, s + 1, done_steps, epoch_loss, train_seconds_ + seconds_since(t0), due))
+      break;
   }
   return epoch_loss;
+}
+
+// At a step boundary: true if the ranks agree to stop (a signal reached one of them), after a
+// final checkpoint of this point when checkpoints are on and none was due here anyway.
+bool HostRole::stop_here(std::size_t e, std::size_t next_step, std::uint64_t host_step,
+                         double epoch_loss, double seconds, bool checkpoint_written) {
+  const int signal = agree_to_stop(world_);
+  if (signal == 0) return false;
+  // The IPUs close their streams once they have sent what this stop needs, maybe before the
+  // host has received it: the feeders must take a closed stream as the stop from now on.
+  stopping_ = true;
+  if (c_.checkpoint_every > 0 && !checkpoint_written) {
+    checkpoint(e, next_step, host_step, epoch_loss, seconds);
+    checkpoint_written = true;
+  }
+  stop_ = {signal, e, next_step, host_step, checkpoint_written};
+  return true;
+}
+
+int HostRole::finish_stopped() {
+  // Said first: under mpirun the ranks have about a second after its SIGTERM before SIGKILL.
+  std::ostringstream message;
+  message << "ipupod train: stopped by " << signal_name(stop_.signal) << " after host step "
+          << stop_.host_step << " (";
+  if (stop_.step == 0) {
+    message << "after epoch " << stop_.epoch << " and its evaluation";
+  } else {
+    message << "epoch " << stop_.epoch + 1 << ", step " << stop_.step << " of "
+            << startup_.train_steps;
+  }
+  message << "); ";
+  if (stop_.checkpointed) {
+    const std::string& last = checkpoints_written_.back();
+    message << "its checkpoint is " << last << ". To continue, run the same command with --resume "
+            << last << " (and a new --run-dir if you want to keep this one's files apart)";
+  } else {
+    message << "no checkpoint holds this point, so the run cannot be continued; train with "
+               "--checkpoint-every N to be able to resume after a stop";
+  }
+  std::cerr << message.str() << std::endl;
+  stopping_ = true;
+  server_->close();
+  join_feeders();
+  return stopped_exit_code(stop_.signal);
 }
 
 // Predicted cycles of the training so far: the slowest replica sets the pace.
@@ -367,6 +436,7 @@ void HostRole::train_and_evaluate() {
     const auto t0 = Clock::now();
     const double epoch_loss = train_epoch(e, t0);
     train_seconds_ += seconds_since(t0);
+    if (stop_.signal != 0) return;
     m.train_loss = epoch_loss / static_cast<double>(std::max<std::size_t>(startup_.train_steps, 1));
     predict_throughput(m, e);
     evaluate(m);
@@ -378,8 +448,11 @@ void HostRole::train_and_evaluate() {
               << arch_.name << std::endl;
     epochs_.push_back(m);
     const std::uint64_t done_steps = (e + 1) * startup_.train_steps;
-    if (checkpoint_due_after_epoch(c_, done_steps, e))
-      checkpoint(e + 1, 0, done_steps, 0, train_seconds_);
+    const bool due = checkpoint_due_after_epoch(c_, done_steps, e);
+    if (due) checkpoint(e + 1, 0, done_steps, 0, train_seconds_);
+    if (stop_boundary_after_epoch(e, c_.epochs) &&
+        stop_here(e + 1, 0, done_steps, 0, train_seconds_, due))
+      return;
   }
 }
 
@@ -492,6 +565,7 @@ int run_host(const TrainConfig& config, MPI_Comm world) {
   } catch (const std::exception& e) {
     abort_job(world, e.what());
   }
+  if (host.stopped() != 0) return host.finish_stopped();
   host.join_feeders();
   const FinalReports reports = host.collect_reports();
   host.close();

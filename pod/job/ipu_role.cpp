@@ -19,6 +19,7 @@
 #include "pod/job/device_fabric.hpp"
 #include "pod/job/protocol.hpp"
 #include "pod/job/stage_relay.hpp"
+#include "pod/job/stop_signal.hpp"
 #include "pod/job/train.hpp"
 #include "pod/report.hpp"
 
@@ -84,7 +85,7 @@ class IpuRole {
   nlohmann::json memory_report() const;
   void connect_host_streams();
   void receive_resumed_tensors();
-  void train_and_evaluate();
+  int train_and_evaluate();
   void send_reports_and_weights();
   void close() {
     if (client_) client_->close();
@@ -287,21 +288,38 @@ void IpuRole::receive_resumed_tensors() {
   }
 }
 
-void IpuRole::train_and_evaluate() {
+// Returns 0 when every epoch ran, else the signal on which every rank agreed to stop (after a
+// final checkpoint when checkpoints are on).
+int IpuRole::train_and_evaluate() {
+  const bool checkpoints = config_.checkpoint_every > 0;
   for (std::size_t epoch = startup_.resume_epoch; epoch < config_.epochs; ++epoch) {
     const std::size_t first = epoch == startup_.resume_epoch ? startup_.resume_step : 0;
     for (std::size_t s = first; s < startup_.train_steps; ++s, ++step_) {
       const ipu::CycleBreakdown before = engine_->cycles();
       engine_->run("train");
       training_ += engine_->cycles() - before;
-      if (checkpoint_due_within_epoch(config_, step_ + 1, s, startup_.train_steps))
-        send_checkpoint();
+      const bool due = checkpoint_due_within_epoch(config_, step_ + 1, s, startup_.train_steps);
+      if (due) send_checkpoint();
+      if (!stop_boundary_within_epoch(s, startup_.train_steps)) continue;
+      if (const int signal = agree_to_stop(world_); signal != 0) {
+        if (checkpoints && !due) send_checkpoint();
+        fabric_.finish_sends();
+        return signal;
+      }
     }
     if (client_) client_->send({kCycleFrames, step_, cycles_array(training_)});
     for (std::size_t t = 0; t < startup_.test_steps; ++t) engine_->run("eval");
-    if (checkpoint_due_after_epoch(config_, step_, epoch)) send_checkpoint();
+    const bool due = checkpoint_due_after_epoch(config_, step_, epoch);
+    if (due) send_checkpoint();
+    if (!stop_boundary_after_epoch(epoch, config_.epochs)) continue;
+    if (const int signal = agree_to_stop(world_); signal != 0) {
+      if (checkpoints && !due) send_checkpoint();
+      fabric_.finish_sends();
+      return signal;
+    }
   }
   fabric_.finish_sends();
+  return 0;
 }
 
 // Replica 0 sends the host what a checkpoint holds: a manifest, then each tensor; its later
@@ -397,7 +415,10 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
   // host fail first with a less useful message).
   try {
     ipu.receive_resumed_tensors();
-    ipu.train_and_evaluate();
+    if (const int signal = ipu.train_and_evaluate(); signal != 0) {
+      ipu.close();  // the host reports the stop
+      return stopped_exit_code(signal);
+    }
     ipu.send_reports_and_weights();
   } catch (const std::exception& e) {
     abort_job(world, e.what());

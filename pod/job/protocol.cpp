@@ -148,6 +148,14 @@ bool checkpoint_due_after_epoch(const TrainConfig& config, std::uint64_t steps_d
   return every > 0 && (steps_done % every == 0 || epoch + 1 == config.epochs);
 }
 
+bool stop_boundary_within_epoch(std::size_t step_in_epoch, std::size_t train_steps) {
+  return step_in_epoch + 1 < train_steps;
+}
+
+bool stop_boundary_after_epoch(std::size_t epoch, std::size_t epochs) {
+  return epoch + 1 < epochs;
+}
+
 host::Frame expect_frame(host::StreamServer& server, std::size_t replica, StreamId id) {
   host::Frame f = server.receive(replica);
   if (f.stream != id)

@@ -123,6 +123,12 @@ bool checkpoint_due_within_epoch(const TrainConfig& config, std::uint64_t steps_
 bool checkpoint_due_after_epoch(const TrainConfig& config, std::uint64_t steps_done,
                                 std::size_t epoch);
 
+// The step boundaries at which every rank asks whether to stop (agree_to_stop), after the
+// checkpoint due there if any: after each training step but an epoch's last, and after each
+// epoch's evaluation but the run's last.
+bool stop_boundary_within_epoch(std::size_t step_in_epoch, std::size_t train_steps);
+bool stop_boundary_after_epoch(std::size_t epoch, std::size_t epochs);
+
 // The frame a host receives from a replica, checked to be of the stream expected.
 host::Frame expect_frame(host::StreamServer& server, std::size_t replica, StreamId id);
 // The next frame an IPU takes into a device stream buffer, checked to be of the stream and size

@@ -8,6 +8,8 @@
 #include <iostream>
 #include <thread>
 
+#include "pod/job/stop_signal.hpp"
+
 namespace ipupod::pod {
 
 int run_train(const TrainConfig& config, MPI_Comm world) {
@@ -20,6 +22,7 @@ int run_train(const TrainConfig& config, MPI_Comm world) {
     if (rank == 0) std::cerr << "ipupod train: " << e.what() << "\n";
     return 2;
   }
+  install_stop_signals();  // every rank stops at the same step boundary (stop_signal.hpp)
   try {
     return rank == 0 ? run_host(config, world) : run_ipu(config, world);
   } catch (const std::exception& e) {

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "host/checkpoint.hpp"
@@ -287,6 +288,77 @@ TEST_F(PodResume, CheckpointsDoNotGrowWithTheRunLength) {
   const auto last = fs::file_size(dir() / "growth" / "checkpoint-000030.h5");
   EXPECT_LT(std::max(first, last) - std::min(first, last), 64u)
       << "checkpoint sizes " << first << " and " << last << " bytes";
+}
+
+// SIGTERM to mpirun (which passes it on to every rank) stops the job at the next step boundary
+// with a final checkpoint, a message that says how to continue, and a non-zero exit code; the
+// run resumed from that checkpoint ends as a run never stopped.
+TEST_F(PodResume, SigtermStopsAtAStepBoundaryWithACheckpointToResumeFrom) {
+  const fs::path log = dir() / "signalled.log";
+  fs::create_directories(dir() / "signalled");
+  const std::string command =
+      std::string("exec ") + IPUPOD_MPIEXEC + " -n 3 --oversubscribe --allow-run-as-root " +
+      IPUPOD_BINARY + " train --model mlp" + " --hidden 32 --data " + data().string() +
+      " --replicas 2 --micro-batch 10 --gradient-accumulation 2 --device-iterations 2"
+      " --learning-rate 0.1 --arch tiny --topology m2000 --epochs 400 --checkpoint-every 100"
+      " --run-dir " +
+      (dir() / "signalled").string() + " > " + log.string() + " 2>&1";
+  const pid_t mpirun = fork();
+  ASSERT_GE(mpirun, 0);
+  if (mpirun == 0) {
+    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  const auto read_log = [&] {
+    std::ifstream in(log);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  // Once the first progress line is out, training is under way. (mpirun passes SIGTERM on
+  // about a second later; 400 epochs take much longer than that.)
+  int status = 0;
+  const auto started = std::chrono::steady_clock::now();
+  while (read_log().find("epoch 1/400 step 3/15") == std::string::npos) {
+    ASSERT_EQ(waitpid(mpirun, &status, WNOHANG), 0) << "the job ended early:\n" << read_log();
+    ASSERT_LT(std::chrono::steady_clock::now() - started, std::chrono::minutes(3)) << read_log();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(kill(mpirun, SIGTERM), 0);
+  const auto signalled = std::chrono::steady_clock::now();
+  while (waitpid(mpirun, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() - signalled > std::chrono::seconds(60)) {
+      kill(mpirun, SIGKILL);
+      waitpid(mpirun, &status, 0);
+      FAIL() << "the job did not end within 60 s of SIGTERM:\n" << read_log();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const std::string output = read_log();
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  EXPECT_NE(WEXITSTATUS(status), 0) << output;
+  const std::string said = "its checkpoint is ";
+  const std::size_t at = output.find(said);
+  ASSERT_NE(at, std::string::npos) << output;
+  EXPECT_NE(output.find("stopped by SIGTERM after host step"), std::string::npos) << output;
+  const std::size_t from = at + said.size();
+  const std::string checkpoint = output.substr(from, output.find(". To continue", from) - from);
+  EXPECT_NE(output.find("run the same command with --resume " + checkpoint), std::string::npos)
+      << output;
+  EXPECT_EQ(output.find("epoch 400/400"), std::string::npos) << "the job was not stopped\n"
+                                                             << output;
+
+  // Resumed to the end of the epoch it stopped in (the learning rate is constant, so --epochs
+  // may change), it ends bitwise identical to a straight run of that many epochs.
+  const auto state = nlohmann::json::parse(ipupod::host::load_checkpoint(checkpoint).state_json);
+  const std::size_t epochs = state.at("epoch").get<std::size_t>() + 1;
+  const std::string until = "--epochs " + std::to_string(epochs) + " --checkpoint-every 100";
+  const Result resumed = train("signal-resumed", until + " --resume " + checkpoint);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const Result straight = train("signal-straight", until);
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  char name[64];
+  std::snprintf(name, sizeof name, "checkpoint-%06zu.h5", epochs * 15);
+  expect_same_tensors(dir() / "signal-straight" / name, dir() / "signal-resumed" / name);
+  expect_same_metrics("signal-straight", "signal-resumed");
 }
 
 }  // namespace
