@@ -535,6 +535,7 @@ void Graph::release_vertex_tables(ComputeSetId id) {
   std::vector<std::uint32_t>().swap(cs.field_ends);
   std::vector<FieldRegion>().swap(cs.regions);
   std::vector<std::uint32_t>().swap(cs.slice_cycles);
+  std::vector<double>().swap(cs.params);
   cs.released = true;
 }
 

@@ -239,8 +239,8 @@ class Graph {
   bool keeps_vertex_params() const { return keep_vertex_params_; }
 
   ComputeSetId add_compute_set(std::string name);
-  // Frees the compute set's vertex records and field regions, keeping its name and the
-  // vertices' parameters (which an engine reads while it runs): an engine built with
+  // Frees the compute set's vertex records, field regions and parameters, keeping its name
+  // (an engine keeps its own copy of what it runs): an engine built with
   // Engine::ReleaseVertexTables does this once it has compiled the compute set, so that a
   // training rank does not hold every vertex twice. The compute set cannot be compiled again.
   void release_vertex_tables(ComputeSetId cs);

@@ -84,59 +84,103 @@ void add_reads(const Exchange& ex, ByteRanges& ranges) {
 }
 
 // A gather takes a run of transfers of up to this many rows each (4 bytes a row, against a
-// transfer's 32 bytes).
+// transfer's 24 bytes).
 constexpr std::uint32_t kMaxGatheredRows = 8;
 }  // namespace
 
-void Engine::CompiledExchange::make_gathers(const std::byte* block, std::size_t block_bytes) {
-  if (block == nullptr || block_bytes > UINT32_MAX) return;
-  base = block;
-  const auto gatherable = [](const Transfer& t) {
-    return !t.gather() && t.count <= kMaxGatheredRows && (t.count == 1 || t.dst_stride == t.bytes);
-  };
-  // Transfer j continues the destination of transfer j - 1 at the same row size.
-  const auto continues = [](const Transfer& a, const Transfer& b) {
-    return b.bytes == a.bytes && b.dst == a.dst + std::size_t{a.count} * a.bytes;
-  };
-  // In place: a transfer is written no earlier than it is read. When grouped by tile, a gather
-  // stays within its tile's group.
-  const std::size_t segments = tile_begin.empty() ? 1 : tile_begin.size() - 1;
-  std::size_t w = 0;
-  for (std::size_t seg = 0; seg < segments; ++seg) {
-    const std::size_t b = tile_begin.empty() ? 0 : tile_begin[seg],
-                      e = tile_begin.empty() ? transfers.size() : tile_begin[seg + 1];
-    if (!tile_begin.empty()) tile_begin[seg] = w;
-    for (std::size_t i = b; i < e;) {
-      std::size_t j = i + 1;
-      std::uint64_t rows = transfers[i].count;
-      if (gatherable(transfers[i]))
-        while (j < e && gatherable(transfers[j]) && continues(transfers[j - 1], transfers[j]) &&
-               rows + transfers[j].count <= UINT32_MAX)
-          rows += transfers[j++].count;
-      if (j - i < 2 || sources.size() + rows > UINT32_MAX) {
-        transfers[w++] = transfers[i++];
-        continue;
+void Engine::CompiledExchange::compact() {
+  // Each pass rewrites the transfers in place (a transfer is written no earlier than it is
+  // read); when they are grouped by tile, a merged transfer stays within its tile's group.
+  // merge(i, e) looks at transfers[i .. e) and returns how many it merged into transfers[w]
+  // (0: none, transfers[i] is kept as it is).
+  const auto pass = [&](auto&& merge) {
+    const std::size_t segments = tile_begin.empty() ? 1 : tile_begin.size() - 1;
+    std::size_t w = 0;
+    for (std::size_t seg = 0; seg < segments; ++seg) {
+      const std::size_t b = tile_begin.empty() ? 0 : tile_begin[seg],
+                        e = tile_begin.empty() ? transfers.size() : tile_begin[seg + 1];
+      if (!tile_begin.empty()) tile_begin[seg] = w;
+      for (std::size_t i = b; i < e;) {
+        const std::size_t merged = merge(i, e, w);
+        if (merged == 0) transfers[w] = transfers[i++];
+        i += merged;
+        ++w;
       }
-      const Transfer first = transfers[i];
-      for (std::size_t k = i; k < j; ++k) {
-        const Transfer& t = transfers[k];
-        for (std::uint32_t r = 0; r < t.count; ++r)
-          sources.push_back(
-              static_cast<std::uint32_t>(t.src + std::size_t{r} * t.src_stride - block));
-      }
-      transfers[w++] = {nullptr,
-                        first.dst,
-                        first.bytes,
-                        static_cast<std::uint32_t>(rows),
-                        static_cast<std::uint32_t>(sources.size() - rows),
-                        first.bytes};
-      i = j;
     }
-  }
-  if (!tile_begin.empty()) tile_begin.back() = w;
-  transfers.resize(w);
+    if (!tile_begin.empty()) tile_begin.back() = w;
+    transfers.resize(w);
+  };
+  // Gathers: rows of one size (transfers of up to kMaxGatheredRows rows) that continue the
+  // destination before them.
+  const auto gatherable = [](const Transfer& t) {
+    return t.strided() && t.count <= kMaxGatheredRows && (t.count == 1 || t.dst_stride == t.bytes);
+  };
+  std::unordered_map<std::uint64_t, std::pair<std::size_t, std::size_t>> kept;  // at, rows
+  pass([&](std::size_t i, std::size_t e, std::size_t w) -> std::size_t {
+    if (!gatherable(transfers[i])) return 0;
+    std::size_t j = i + 1;
+    std::uint64_t n = transfers[i].count;
+    for (; j < e && gatherable(transfers[j]) && transfers[j].bytes == transfers[i].bytes &&
+           transfers[j].dst == transfers[j - 1].dst +
+                                   std::size_t{transfers[j - 1].count} * transfers[j - 1].bytes &&
+           n + transfers[j].count <= UINT32_MAX;
+         ++j)
+      n += transfers[j].count;
+    if (j - i < 2 || sources.size() + n > UINT32_MAX) return 0;
+    const Transfer first = transfers[i];
+    std::size_t at = sources.size();
+    for (std::size_t k = i; k < j; ++k)
+      for (std::uint32_t r = 0; r < transfers[k].count; ++r)
+        sources.push_back(transfers[k].src + r * transfers[k].src_stride);
+    // The same sources as a list kept before, shifted (the next block of the same planes):
+    // the gather reuses that list. Lists are found by the hash of their offsets from their
+    // first source.
+    std::uint64_t key = n;
+    for (std::size_t k = 1; k < n; ++k) key = counter_hash(key ^ (sources[at + k] - sources[at]));
+    std::uint32_t shift = 0;
+    if (auto it = kept.find(key); it != kept.end() && it->second.second == n) {
+      const std::size_t before = it->second.first;
+      shift = sources[at] - sources[before];
+      bool same = true;
+      for (std::size_t k = 1; k < n && same; ++k)
+        same = sources[at + k] - sources[before + k] == shift;
+      if (same) {
+        sources.resize(at);
+        at = before;
+      } else {
+        shift = 0;
+      }
+    } else {
+      kept.emplace(key, std::make_pair(at, n));
+    }
+    transfers[w] = {Transfer::kGather,
+                    first.dst,
+                    first.bytes,
+                    static_cast<std::uint32_t>(n),
+                    static_cast<std::uint32_t>(at),
+                    shift};
+    return j - i;
+  });
+  // Lists: the single rows left, when several come together.
+  const auto single = [](const Transfer& t) { return t.strided() && t.count == 1; };
+  pass([&](std::size_t i, std::size_t e, std::size_t w) -> std::size_t {
+    std::size_t j = i;
+    while (j < e && single(transfers[j]) && j - i < UINT32_MAX) ++j;
+    if (j - i < 2 || rows.size() + (j - i) > UINT32_MAX) return 0;
+    const std::size_t at = rows.size();
+    for (std::size_t k = i; k < j; ++k)
+      rows.push_back({transfers[k].src, transfers[k].dst, transfers[k].bytes});
+    transfers[w] = {Transfer::kList,
+                    0,
+                    0,
+                    static_cast<std::uint32_t>(j - i),
+                    static_cast<std::uint32_t>(at),
+                    0};
+    return j - i;
+  });
   transfers.shrink_to_fit();
   sources.shrink_to_fit();
+  rows.shrink_to_fit();
 }
 
 Engine::Engine(const Graph& graph, std::map<std::string, Program> programs, EngineOptions options)
@@ -265,7 +309,13 @@ Engine::Node Engine::compile(const Program& p) {
       ccs->cycles =
           worker_loads.empty() ? 0 : *std::max_element(worker_loads.begin(), worker_loads.end());
       if (tables) {  // (a plan keeps only the cycles)
-        ccs->params = cs.params;
+        ccs->params_are_float = std::all_of(cs.params.begin(), cs.params.end(), [](double x) {
+          return static_cast<double>(static_cast<float>(x)) == x;
+        });
+        if (ccs->params_are_float)
+          ccs->float_params.assign(cs.params.begin(), cs.params.end());
+        else
+          ccs->params = cs.params;
         std::vector<unsigned> tiles;
         tiles.reserve(ccs->vertices.size());
         for (const auto& rt : ccs->vertices) tiles.push_back(rt.tile);
@@ -284,6 +334,7 @@ Engine::Node Engine::compile(const Program& p) {
         break;
       }
       auto ex = std::make_unique<CompiledExchange>();
+      ex->base = tile_memory_.data();
       std::vector<std::size_t> bytes_out(arch.tiles, 0), bytes_in(arch.tiles, 0);
       std::vector<unsigned> dst_tiles;  // of each transfer
       // The transfer each (source tile, destination tile) pair of the current copy run last
@@ -293,32 +344,32 @@ Engine::Node Engine::compile(const Program& p) {
       // program order.
       std::unordered_map<std::uint64_t, std::size_t> open;
       unsigned last_src_tile = 0;
-      const auto joins = [](CompiledExchange::Transfer& t, const std::byte* src, std::byte* dst,
+      const auto joins = [](CompiledExchange::Transfer& t, std::uint32_t src, std::uint32_t dst,
                             std::size_t bytes) {
         if (t.bytes != bytes) return false;
         if (t.count == 1) {
-          const std::ptrdiff_t ds = src - t.src, dd = dst - t.dst;
-          if (ds < 0 || dd < static_cast<std::ptrdiff_t>(bytes) ||
-              static_cast<std::uint64_t>(std::max(ds, dd)) > UINT32_MAX)
-            return false;
-          t.src_stride = static_cast<std::uint32_t>(ds);
-          t.dst_stride = static_cast<std::uint32_t>(dd);
+          if (src < t.src || dst < t.dst + bytes) return false;
+          t.src_stride = src - t.src;
+          t.dst_stride = dst - t.dst;
           t.count = 2;
           return true;
         }
-        if (t.count == UINT32_MAX || src != t.src + std::size_t{t.count} * t.src_stride ||
-            dst != t.dst + std::size_t{t.count} * t.dst_stride)
+        if (t.count == UINT32_MAX || src != t.src + std::uint64_t{t.count} * t.src_stride ||
+            dst != t.dst + std::uint64_t{t.count} * t.dst_stride)
           return false;
         ++t.count;
         return true;
       };
       // One row of bytes from tile s to tile d: the next row of a transfer between the same
       // tiles at the same strides, else a new transfer.
-      const auto emit = [&](unsigned s, const std::byte* src, unsigned d, std::byte* dst,
-                            std::size_t bytes, bool within_run) {
+      const auto emit = [&](unsigned s, const std::byte* src_data, unsigned d,
+                            const std::byte* dst_data, std::size_t bytes, bool within_run) {
         bytes_out[s] += bytes;
         bytes_in[d] += bytes;
-        if (src == nullptr || dst == nullptr) return;  // out of memory: no tile memory to move
+        if (src_data == nullptr || dst_data == nullptr)
+          return;  // out of memory: no tile memory to move
+        const auto src = static_cast<std::uint32_t>(src_data - ex->base),
+                   dst = static_cast<std::uint32_t>(dst_data - ex->base);
         const std::uint64_t key = std::uint64_t{s} << 32 | d;
         if (within_run) {
           if (auto it = open.find(key);
@@ -382,7 +433,7 @@ Engine::Node Engine::compile(const Program& p) {
       // by destination tile unless one reads what another writes (then program order decides).
       // A transfer of several rows counts as reading and writing all its span.
       ByteRanges written;
-      for (const auto& tr : ex->transfers) written.add(tr.dst, tr.dst_span());
+      for (const auto& tr : ex->transfers) written.add(ex->base + tr.dst, tr.dst_span());
       written.seal();
       if (!reads_any(*ex, written)) {
         std::vector<std::size_t> order;
@@ -394,7 +445,7 @@ Engine::Node Engine::compile(const Program& p) {
           ex->transfers = std::move(grouped);
         }
       }
-      ex->make_gathers(tile_memory_.data(), tile_memory_.size());
+      ex->compact();
       node.index = exchanges_.size();
       compiled_exchanges_.emplace(p.identity(), node.index);
       exchanges_.push_back(std::move(ex));
@@ -545,9 +596,12 @@ void Engine::chain_tile_steps(Node& sequence) const {
         // A group runs all its steps before the next group starts, so no later step may write
         // what an earlier exchange still reads for another group (vertex regions count as
         // written: a codelet does not say which of its fields it changes).
-        if (std::any_of(ex.transfers.begin(), ex.transfers.end(),
-                        [&](const auto& tr) { return read.overlaps(tr.dst, tr.dst_span()); }))
-          break;
+        bool overwrites = false;
+        for (const auto& tr : ex.transfers)
+          ex.for_each_write(tr, [&](const std::byte* data, std::size_t bytes) {
+            overwrites = overwrites || read.overlaps(data, bytes);
+          });
+        if (overwrites) break;
         bool clash = false;
         cs.for_each_region([&](const std::byte* data, std::size_t bytes) {
           clash = clash || read.overlaps(data, bytes);

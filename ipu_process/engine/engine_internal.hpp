@@ -42,8 +42,11 @@ struct Engine::CompiledComputeSet {
   // Field k (over the whole compute set) holds regions[field_ends[k - 1] .. field_ends[k]).
   std::vector<std::uint32_t> field_ends;
   std::byte* base = nullptr;  // the tile memory block
-  // The graph's parameter table of the compute set (the graph outlives the engine): not copied.
-  std::span<const double> params;
+  // The vertices' parameters: as float32 when every one of the compute set is a float32 value
+  // (sizes, offsets, flags: most are), else as they are.
+  std::vector<float> float_params;
+  std::vector<double> params;
+  bool params_are_float = false;
   std::vector<VertexRuntime> vertices;
 
   // The vertices of tile t are by_tile[tile_begin[t] .. tile_begin[t + 1]), in graph order.
@@ -76,7 +79,15 @@ struct Engine::CompiledComputeSet {
       vertex_fields[f] = std::span<const Region>(unpacked.data() + (at - first), end - at);
       at = end;
     }
-    const auto vertex_params = std::span(params).subspan(v.param_begin, v.param_count);
+    std::span<const double> vertex_params;
+    if (params_are_float) {
+      thread_local std::vector<double> widened;
+      widened.assign(float_params.begin() + v.param_begin,
+                     float_params.begin() + v.param_begin + v.param_count);
+      vertex_params = widened;
+    } else {
+      vertex_params = std::span(params).subspan(v.param_begin, v.param_count);
+    }
     const std::uint64_t key = counter_hash(counter_hash(stores.seed ^ counter_hash(run)) + i);
     if (v.slices == 1) {
       run_slice(v, vertex_fields, vertex_params, stores.rounding, key);
@@ -185,90 +196,140 @@ struct Engine::CompiledComputeSet {
 };
 
 struct Engine::CompiledExchange {
-  // `count` rows of `bytes` bytes to one tile, in order. A strided transfer (src not null) moves
-  // row r from src + r * src_stride to dst + r * dst_stride, all from one tile (the rows of a
-  // tile's block of channel planes: one record). A gather (src null) fills its destination row
-  // after row (dst_stride == bytes) from sources anywhere: row r comes from
-  // base + sources[src_stride + r], 4 bytes a row (the pieces of a channel block that many
-  // tiles' planes make up).
+  // `count` rows of `bytes` bytes to one tile, in order, addressed by their offsets in the tile
+  // memory block (`base`). Three kinds, 24 bytes each:
+  // - strided: row r from src + r * src_stride to dst + r * dst_stride, all from one tile (the
+  //   rows of a tile's block of channel planes: one record);
+  // - a gather (src == kGather) fills its destination row after row from sources anywhere:
+  //   row r comes from sources[src_stride + r] + dst_stride (the shift, modulo 2^32), 4 bytes a
+  //   row (the pieces of a channel block that many tiles' planes make up), and nothing at all
+  //   when its sources are an earlier gather's shifted (the next block of the same planes);
+  // - a list (src == kList) holds `count` single rows of any size and place,
+  //   rows[src_stride .. src_stride + count), 12 bytes each.
   struct Transfer {
-    const std::byte* src;
-    std::byte* dst;
+    static constexpr std::uint32_t kGather = UINT32_MAX, kList = UINT32_MAX - 1;
+    std::uint32_t src, dst;
     std::uint32_t bytes, count;
     std::uint32_t src_stride, dst_stride;
-    bool gather() const { return src == nullptr; }
-    // The bytes from the first row's start to the last row's end (what a check must assume the
-    // transfer writes; also what a strided one reads).
+    bool gather() const { return src == kGather; }
+    bool list() const { return src == kList; }
+    bool strided() const { return src < kList; }
+    // The bytes from the first row's start to the last row's end (what a check must assume a
+    // strided transfer reads, and a strided transfer or a gather writes).
     std::size_t src_span() const { return span(src_stride); }
-    std::size_t dst_span() const { return span(dst_stride); }
+    std::size_t dst_span() const {
+      return gather() ? std::size_t{count} * bytes : span(dst_stride);
+    }
 
    private:
     std::size_t span(std::uint32_t stride) const { return std::size_t{count - 1} * stride + bytes; }
   };
+  struct Row {
+    std::uint32_t src, dst, bytes;
+  };
+  // Tile memory offsets below this bound (the block is smaller; see allocate_memory).
+  static constexpr std::size_t kMaxOffset = Transfer::kList;
+
   // When no transfer reads bytes that a transfer writes, the transfers are grouped by
   // destination tile (program order within a tile): those of tile t are
   // transfers[tile_begin[t] .. tile_begin[t + 1]), and tiles can be filled in any order or at
   // once, with the same result. Otherwise tile_begin is empty and they run in program order.
   std::vector<Transfer> transfers;
-  std::vector<std::uint32_t> sources;  // the gathers' source offsets from base
-  const std::byte* base = nullptr;     // the tile memory block
+  std::vector<std::uint32_t> sources;  // the gathers' rows' source offsets
+  std::vector<Row> rows;               // the lists' rows
+  std::byte* base = nullptr;           // the tile memory block
   std::vector<std::size_t> tile_begin;
   std::uint64_t cycles = 0;
 
-  // Turns runs of rows that fill a destination one after another into gathers (once the
-  // transfers are in their final order; `block` is the tile memory, addressed in 32 bits).
-  void make_gathers(const std::byte* block, std::size_t block_bytes);
+  // Once the transfers are in their final order: runs of rows that fill a destination one
+  // after another become gathers, and runs of other single rows become lists.
+  void compact();
 
-  // Calls f(data, bytes) for what transfer t reads: its span, or each row of a gather.
+  // Calls f(data, bytes) for what transfer t reads (its span, or each row) and writes.
   template <class F>
   void for_each_read(const Transfer& t, F&& f) const {
-    if (!t.gather()) {
-      f(t.src, t.src_span());
+    if (t.strided()) {
+      f(base + t.src, t.src_span());
+    } else if (t.gather()) {
+      for (std::uint32_t r = 0; r < t.count; ++r) f(base + gathered(t, r), t.bytes);
+    } else {
+      for (std::uint32_t r = 0; r < t.count; ++r) {
+        const Row& row = rows[t.src_stride + r];
+        f(base + row.src, std::size_t{row.bytes});
+      }
+    }
+  }
+  template <class F>
+  void for_each_write(const Transfer& t, F&& f) const {
+    if (!t.list()) {
+      f(base + t.dst, t.dst_span());
       return;
     }
-    for (std::uint32_t r = 0; r < t.count; ++r) f(base + sources[t.src_stride + r], t.bytes);
+    for (std::uint32_t r = 0; r < t.count; ++r) {
+      const Row& row = rows[t.src_stride + r];
+      f(base + row.dst, std::size_t{row.bytes});
+    }
   }
   void run(const Transfer& t) const {  // a row may read what an earlier row wrote
+    if (t.list()) {
+      for (std::uint32_t r = 0; r < t.count; ++r) {
+        const Row& row = rows[t.src_stride + r];
+        std::memmove(base + row.dst, base + row.src, row.bytes);
+      }
+      return;
+    }
     for (std::uint32_t r = 0; r < t.count; ++r)
-      std::memmove(t.dst + std::size_t{r} * t.dst_stride, row_source(t, r), t.bytes);
+      std::memmove(base + t.dst + std::size_t{r} * t.dst_stride,
+                   base + (t.gather() ? gathered(t, r) : t.src + std::size_t{r} * t.src_stride),
+                   t.bytes);
   }
   void run_disjoint(const Transfer& t) const {  // reads nothing any transfer writes
+    std::byte* dst = base + t.dst;
     if (t.gather()) {
       const std::uint32_t* from = sources.data() + t.src_stride;
       switch (t.bytes) {  // the common sizes as fixed-size copies, not calls
         case 2:
-          return gather_rows<2>(t.dst, from, t.count);
+          return gather_rows<2>(dst, from, t.dst_stride, t.count);
         case 4:
-          return gather_rows<4>(t.dst, from, t.count);
+          return gather_rows<4>(dst, from, t.dst_stride, t.count);
         case 8:
-          return gather_rows<8>(t.dst, from, t.count);
+          return gather_rows<8>(dst, from, t.dst_stride, t.count);
         case 16:
-          return gather_rows<16>(t.dst, from, t.count);
+          return gather_rows<16>(dst, from, t.dst_stride, t.count);
         case 32:
-          return gather_rows<32>(t.dst, from, t.count);
+          return gather_rows<32>(dst, from, t.dst_stride, t.count);
         default:
           for (std::uint32_t r = 0; r < t.count; ++r)
-            std::memcpy(t.dst + std::size_t{r} * t.bytes, base + from[r], t.bytes);
+            std::memcpy(dst + std::size_t{r} * t.bytes, base + (from[r] + t.dst_stride), t.bytes);
           return;
       }
     }
+    if (t.list()) {
+      for (std::uint32_t r = 0; r < t.count; ++r) {
+        const Row& row = rows[t.src_stride + r];
+        std::memcpy(base + row.dst, base + row.src, row.bytes);
+      }
+      return;
+    }
+    const std::byte* src = base + t.src;
     if (t.count == 1 || (t.src_stride == t.bytes && t.dst_stride == t.bytes)) {
-      std::memcpy(t.dst, t.src, std::size_t{t.count} * t.bytes);
+      std::memcpy(dst, src, std::size_t{t.count} * t.bytes);
       return;
     }
     for (std::uint32_t r = 0; r < t.count; ++r)
-      std::memcpy(t.dst + std::size_t{r} * t.dst_stride, t.src + std::size_t{r} * t.src_stride,
+      std::memcpy(dst + std::size_t{r} * t.dst_stride, src + std::size_t{r} * t.src_stride,
                   t.bytes);
   }
 
  private:
-  const std::byte* row_source(const Transfer& t, std::uint32_t r) const {
-    return t.gather() ? base + sources[t.src_stride + r] : t.src + std::size_t{r} * t.src_stride;
+  std::uint32_t gathered(const Transfer& t, std::uint32_t r) const {
+    return sources[t.src_stride + r] + t.dst_stride;  // modulo 2^32
   }
   template <std::size_t N>
-  void gather_rows(std::byte* dst, const std::uint32_t* from, std::uint32_t count) const {
+  void gather_rows(std::byte* dst, const std::uint32_t* from, std::uint32_t shift,
+                   std::uint32_t count) const {
     for (std::uint32_t r = 0; r < count; ++r)
-      std::memcpy(dst + std::size_t{r} * N, base + from[r], N);
+      std::memcpy(dst + std::size_t{r} * N, base + std::uint32_t(from[r] + shift), N);
   }
 };
 

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "ipu_process/engine.hpp"
+#include "ipu_process/engine/engine_internal.hpp"
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -612,7 +613,7 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
   for (unsigned t = 0; t < arch.tiles; ++t) total += (used[t] + kLine - 1) / kLine * kLine;
   if (total == 0) return;
   // The run tables address tile memory with 32-bit offsets (an IPU's tiles hold under 1 GiB).
-  if (total > UINT32_MAX)
+  if (total > CompiledExchange::kMaxOffset)
     throw std::length_error("the tiles use " + std::to_string(total) +
                             " bytes in all; an engine that runs addresses at most 4 GiB of tile "
                             "memory per IPU: use an architecture with less memory");
