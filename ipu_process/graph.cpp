@@ -526,6 +526,7 @@ void shrink_tables(ComputeSet& cs) {
   cs.regions.shrink_to_fit();
   cs.params.shrink_to_fit();
   cs.slice_cycles.shrink_to_fit();
+  cs.accesses.shrink_to_fit();
 }
 }  // namespace
 
@@ -551,11 +552,14 @@ void Graph::settle() {
   for (std::size_t i = settled_variables_; i < variables_.size(); ++i)
     variables_[i].mapping.shrink_to_fit();
   settled_compute_sets_ = compute_sets_.size();
+  last_access_.clear();
   settled_variables_ = variables_.size();
 }
 
 ComputeSetId Graph::add_compute_set(std::string name) {
-  compute_sets_.push_back({std::move(name), {}, {}, {}, {}, {}});
+  ComputeSet cs;
+  cs.name = std::move(name);
+  compute_sets_.push_back(std::move(cs));
   return static_cast<ComputeSetId>(compute_sets_.size() - 1);
 }
 
@@ -633,28 +637,72 @@ void Graph::add_vertex(ComputeSetId cs_id, const Vertex& vertex) {
   record.params = static_cast<std::uint32_t>(vertex.params.size());
   std::size_t regions = 0;
   for (const auto& field : vertex.fields) regions += field.size();
-  if (cs.regions.size() + regions > UINT32_MAX ||
+  if (cs.region_count + regions > UINT32_MAX ||
       cs.params.size() + vertex.params.size() > UINT32_MAX)
     throw std::logic_error("compute set '" + cs.name +
                            "' would hold more than 2^32 regions or parameters; split it");
-  for (const auto& field : vertex.fields) {
-    for (const Tensor& region : field) {
+  for (std::size_t f = 0; f < vertex.fields.size(); ++f) {
+    for (const Tensor& region : vertex.fields[f]) {
       const Variable& var = variables_.at(region.variable());
       if (region.dtype() != var.dtype || region.elements() > UINT32_MAX)
         throw std::logic_error(where() + ": region " + describe(region) + " of " +
                                std::to_string(region.elements()) + " " +
                                dtype_name(region.dtype()) + " elements of a " +
                                dtype_name(var.dtype) + " variable");
-      cs.regions.push_back({static_cast<std::uint32_t>(region.offset()), region.variable(),
-                            static_cast<std::uint32_t>(region.elements())});
+      ++cs.region_count;
+      if (keep_vertex_regions_)
+        cs.regions.push_back({static_cast<std::uint32_t>(region.offset()), region.variable(),
+                              static_cast<std::uint32_t>(region.elements())});
+      else
+        add_access(cs_id, codelet, f, vertex.tile, region, where);
     }
-    cs.field_ends.push_back(static_cast<std::uint32_t>(cs.regions.size()));
+    if (keep_vertex_regions_) cs.field_ends.push_back(static_cast<std::uint32_t>(cs.region_count));
   }
+  if (!keep_vertex_regions_) record.first_field = static_cast<std::uint32_t>(regions);
   if (keep_vertex_params_)
     cs.params.insert(cs.params.end(), vertex.params.begin(), vertex.params.end());
   else
     record.params = 0;
   cs.vertices.push_back(record);
+}
+
+void Graph::add_access(ComputeSetId cs_id, const Codelet& codelet, std::size_t field, unsigned tile,
+                       const Tensor& region, const std::function<std::string()>& where) {
+  // The checks an engine makes of a region (Engine::compile), made now: on the vertex's tile,
+  // within one interval of the mapping (contiguous in tile memory). Unmapped elements have no
+  // tile memory, as an engine sees them.
+  const Variable& var = variables_.at(region.variable());
+  const std::size_t b = region.offset(), e = b + region.elements();
+  auto it = std::upper_bound(var.mapping.begin(), var.mapping.end(), b,
+                             [](std::size_t x, const TileInterval& iv) { return x < iv.end; });
+  std::size_t pieces = 0;
+  for (; it != var.mapping.end() && it->begin < e; ++it, ++pieces)
+    if (it->tile != tile)
+      throw std::logic_error(where() + " on tile " + std::to_string(tile) + ": field '" +
+                             codelet.fields[field] + "' is connected to " + describe(region) +
+                             " which lives on tile " + std::to_string(it->tile) +
+                             "; a vertex may only touch its own tile's memory (copy the data "
+                             "first)");
+  if (pieces > 1)
+    throw std::logic_error(where() + ": field '" + codelet.fields[field] + "' region " +
+                           describe(region) +
+                           " is not contiguous in tile memory; split it into regions");
+  ComputeSet& cs = compute_sets_[cs_id];
+  const bool write = std::find(codelet.outputs.begin(), codelet.outputs.end(),
+                               codelet.fields[field]) != codelet.outputs.end();
+  const std::uint64_t key =
+      (std::uint64_t{cs_id} << 33) | (std::uint64_t{region.variable()} << 1) | (write ? 1 : 0);
+  if (auto found = last_access_.find(key); found != last_access_.end()) {
+    ComputeSet::Access& last = cs.accesses[found->second];
+    if (!write) return;  // a read is a read, whichever elements
+    if (last.end == b) {
+      last.end = static_cast<std::uint32_t>(e);
+      return;
+    }
+  }
+  last_access_[key] = cs.accesses.size();
+  cs.accesses.push_back(
+      {region.variable(), static_cast<std::uint32_t>(b), static_cast<std::uint32_t>(e), write});
 }
 
 std::string Graph::describe(const Tensor& t) const {

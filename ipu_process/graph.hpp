@@ -7,9 +7,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "ipu_process/arch.hpp"
@@ -17,6 +19,8 @@
 #include "ipu_process/shape.hpp"
 
 namespace ipupod::ipu {
+
+struct Codelet;
 
 enum class DType : std::uint8_t { f32, f16, i32, u32, u8 };
 std::size_t dtype_size(DType dtype);
@@ -166,7 +170,9 @@ struct VertexRecord {
   // cycles start in ComputeSet::slice_cycles.
   std::uint64_t cycles = 0;
   std::uint32_t tile = 0;
-  std::uint32_t first_field = 0;  // its field f ends at ComputeSet::field_ends[first_field + f]
+  // Its field f ends at ComputeSet::field_ends[first_field + f]; in a graph without regions
+  // (Graph::drop_vertex_regions), its region count.
+  std::uint32_t first_field = 0;
   std::uint32_t first_param = 0;  // into ComputeSet::params
   std::uint32_t params = 0;
   std::uint32_t slices = 1;   // worker slices (see Vertex)
@@ -183,6 +189,17 @@ struct ComputeSet {
   std::vector<FieldRegion> regions;
   std::vector<double> params;
   std::vector<std::uint32_t> slice_cycles;  // of the worker slices of vertices with several
+  // In a graph that drops its vertices' regions (Graph::drop_vertex_regions): what the vertices
+  // read and write, as the memory plan sees it (a variable read at all; the ranges written by
+  // output fields, adjacent ones merged), and how many regions they had (in all, and each
+  // vertex in its record's first_field: there are no field ends).
+  struct Access {
+    VariableId var = 0;
+    std::uint32_t begin = 0, end = 0;
+    bool write = false;
+  };
+  std::vector<Access> accesses;
+  std::size_t region_count = 0;
   bool released = false;  // the vertex tables were freed (see Graph::release_vertex_tables)
 
   std::uint64_t cycles_of(const VertexRecord& v, std::size_t slice) const {
@@ -198,6 +215,7 @@ struct ComputeSet {
     return std::span(params).subspan(v.first_param, v.params);
   }
   std::size_t regions_of(const VertexRecord& v) const {
+    if (field_ends.empty()) return v.first_field;  // without regions: their count (see Access)
     const std::size_t begin = v.first_field == 0 ? 0 : field_ends[v.first_field - 1];
     return field_ends[v.first_field + v.fields - 1] - begin;
   }
@@ -237,6 +255,11 @@ class Graph {
   // parameters once their cycles are estimated (an engine that can run refuses such a graph).
   void drop_vertex_params() { keep_vertex_params_ = false; }
   bool keeps_vertex_params() const { return keep_vertex_params_; }
+  // The same for the vertices' field regions: each vertex is checked against its tile when it
+  // is added (its regions must lie on its tile, each contiguous in tile memory), and a compute
+  // set keeps only what the memory plan needs of them (ComputeSet::accesses) and their count.
+  void drop_vertex_regions() { keep_vertex_regions_ = false; }
+  bool keeps_vertex_regions() const { return keep_vertex_regions_; }
 
   ComputeSetId add_compute_set(std::string name);
   // Frees the compute set's vertex records, field regions and parameters, keeping its name
@@ -273,7 +296,16 @@ class Graph {
   const ArchPreset& arch_;
   std::deque<Variable> variables_;  // grows without moving: millions at full size
   std::size_t tensors_made_ = 0;
+  // Without regions: checks one region of field `field` of a vertex on `tile` and adds it to
+  // the compute set's accesses.
+  void add_access(ComputeSetId cs, const Codelet& codelet, std::size_t field, unsigned tile,
+                  const Tensor& region, const std::function<std::string()>& where);
+
   bool keep_vertex_params_ = true;
+  bool keep_vertex_regions_ = true;
+  // Without regions: the last access of each (compute set, variable, write) since the last
+  // settle(), so that a run of adjacent regions becomes one access.
+  std::unordered_map<std::uint64_t, std::size_t> last_access_;
   std::vector<ComputeSet> compute_sets_;
   std::size_t settled_compute_sets_ = 0, settled_variables_ = 0;  // see settle()
 };

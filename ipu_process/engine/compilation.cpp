@@ -196,6 +196,10 @@ Engine::Engine(const Graph& graph, Graph* releasable, std::map<std::string, Prog
       releasable_(releasable),
       options_(options),
       pool_(std::make_unique<ThreadPool>(options.threads)) {
+  if (options_.executable && !graph.keeps_vertex_regions())
+    throw std::logic_error(
+        "an engine that can run needs the vertices' regions, which this graph dropped "
+        "(Graph::drop_vertex_regions): build it with executable = false, or keep them");
   if (options_.executable && !graph.keeps_vertex_params())
     throw std::logic_error(
         "an engine that can run needs the vertices' parameters, which this graph dropped "
@@ -268,7 +272,8 @@ Engine::Node Engine::compile(const Program& p) {
         CompiledComputeSet::VertexRuntime rt{
             &codelet, v.tile,  static_cast<std::uint32_t>(fields_so_far), v.first_param, v.params,
             v.slices, v.fields};
-        for (std::size_t f = 0; f < v.fields; ++f) {
+        // (A graph without regions checked them as they came: Graph::drop_vertex_regions.)
+        for (std::size_t f = 0; f < v.fields && graph_.keeps_vertex_regions(); ++f) {
           for (const FieldRegion& field_region : cs.field(v, f)) {
             pieces.clear();
             resolve_into(field_region.var, field_region.offset,

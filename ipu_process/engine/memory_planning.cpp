@@ -228,6 +228,8 @@ class LivenessWalk {
       case Program::Kind::execute: {
         const auto& registry = CodeletRegistry::builtin();
         const ComputeSet& cs = graph_.compute_sets().at(p.compute_set());
+        for (const ComputeSet::Access& a : cs.accesses) access(a.var, a.begin, a.end, a.write);
+        if (!graph_.keeps_vertex_regions()) break;
         for (const VertexRecord& v : cs.vertices) {
           const Codelet& codelet = registry.at(v.codelet);
           for (std::size_t f = 0; f < v.fields; ++f) {

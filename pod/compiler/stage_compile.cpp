@@ -184,7 +184,7 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
   std::map<std::uint16_t, std::size_t> by_codelet;
   for (const auto& cs : g.compute_sets()) {
     vertices += cs.vertices.size();
-    regions += cs.regions.size();
+    regions += cs.region_count;
     for (const auto& v : cs.vertices) ++by_codelet[v.codelet];
   }
   nlohmann::json vertices_by_codelet = nlohmann::json::object();

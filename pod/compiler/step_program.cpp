@@ -182,7 +182,10 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   CompiledModel out;
   out.graph = std::make_unique<ipu::Graph>(arch);
   out.graph->set_available_memory_proportion(shape.available_memory_proportion);
-  if (shape.plan_only) out.graph->drop_vertex_params();
+  if (shape.plan_only) {
+    out.graph->drop_vertex_params();
+    out.graph->drop_vertex_regions();
+  }
   ipu::Graph& g = *out.graph;
   Lowering lowering(out, shape.float16);
   lowering.set_progress(&progress);
