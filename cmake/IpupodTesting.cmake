@@ -1,7 +1,8 @@
 # Helpers that register GoogleTest programs with ctest, labelled by the folder they test.
 #   ipupod_add_test(NAME <name> LABEL <folder> SOURCES <...> LIBS <...>)
 #   ipupod_add_mpi_test(NAME <name> LABEL <folder> RANKS <n> SOURCES <...> LIBS <...>)
-# MPI tests run as real processes under mpiexec and also carry the label "mpi".
+# MPI tests run as real processes under mpiexec and also carry the label "mpi". Every test
+# remembers clean data scans (host/data_scan.hpp) in the build tree, not in the user's cache.
 
 set(IPUPOD_MPIEXEC_FLAGS --oversubscribe --allow-run-as-root CACHE STRING "Extra mpiexec flags for MPI tests")
 
@@ -14,7 +15,7 @@ function(ipupod_add_test)
     set(T_TIMEOUT 300)
   endif()
   set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABEL}" TIMEOUT ${T_TIMEOUT}
-    ENVIRONMENT "IPUPOD_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+    ENVIRONMENT "IPUPOD_SOURCE_DIR=${PROJECT_SOURCE_DIR};IPUPOD_CACHE_DIR=${PROJECT_BINARY_DIR}/test-cache")
 endfunction()
 
 # One executable, run at each of RANKS (a list, e.g. "1;2;4") as a separate ctest entry.
@@ -30,7 +31,7 @@ function(ipupod_add_mpi_test)
       COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} ${IPUPOD_MPIEXEC_FLAGS}
               $<TARGET_FILE:${T_NAME}>)
     set_tests_properties(${T_NAME}_np${n} PROPERTIES LABELS "${T_LABEL};mpi" TIMEOUT ${T_TIMEOUT}
-      ENVIRONMENT "IPUPOD_SOURCE_DIR=${PROJECT_SOURCE_DIR};OMPI_MCA_rmaps_base_oversubscribe=1")
+      ENVIRONMENT "IPUPOD_SOURCE_DIR=${PROJECT_SOURCE_DIR};IPUPOD_CACHE_DIR=${PROJECT_BINARY_DIR}/test-cache;OMPI_MCA_rmaps_base_oversubscribe=1")
     # Open MPI's own start-up allocations (some in dlopen'ed plugins no suppression file can
     # name) look like leaks to LeakSanitizer; ASan and UBSan stay on, leak checks are skipped.
     if(IPUPOD_SANITIZE)

@@ -203,6 +203,8 @@ ConvertReport convert_fashion_mnist(const FashionMnistOptions& options) {
                                     std::pair<const char*, const Split*>{"test", &test}}) {
     writer.set_attribute(name, "pixel_mean", split->pixel_mean);
     writer.set_attribute(name, "pixel_std", split->pixel_std);
+    // The class count the trainer checks every label against (the names above list them).
+    writer.set_attribute(name, "classes", static_cast<double>(kFashionMnistClasses));
   }
   writer.finish();
 

@@ -18,6 +18,8 @@
 #include <thread>
 #include <tuple>
 
+#include "host/data_scan.hpp"
+
 namespace ipupod::host {
 namespace {
 
@@ -36,65 +38,6 @@ std::uint64_t uniform_below(std::mt19937_64& engine, std::uint64_t bound) {
   std::uint64_t value = engine();
   while (value >= limit) value = engine();
   return value % bound;
-}
-
-// IEEE exponent fields: all ones means infinity or NaN.
-constexpr std::uint32_t kF32Exponent = 0x7F800000U;
-constexpr std::uint16_t kF16Exponent = 0x7C00U;
-
-// Element `i` of a sample's bytes as its bit pattern. The bytes may lie anywhere in a mapped
-// file, not aligned for the element type: read by memcpy (one load once compiled).
-template <class Bits>
-Bits element_bits(std::span<const std::byte> sample, std::size_t i) {
-  Bits bits;
-  std::memcpy(&bits, sample.data() + i * sizeof(Bits), sizeof(Bits));
-  return bits;
-}
-
-// Index of the first element whose exponent field is all ones, or the element count.
-template <class Bits>
-std::size_t first_non_finite(std::span<const std::byte> sample, Bits exponent) {
-  const std::size_t count = sample.size() / sizeof(Bits);
-  // A branch-free scan first (vectorised by the compiler); most samples are clean.
-  bool any = false;
-  for (std::size_t i = 0; i < count; ++i)
-    any |= (element_bits<Bits>(sample, i) & exponent) == exponent;
-  if (!any) return count;
-  for (std::size_t i = 0; i < count; ++i) {
-    if ((element_bits<Bits>(sample, i) & exponent) == exponent) return i;
-  }
-  return count;
-}
-
-// DatasetError naming split, sample (index in the file) and element if `sample` (the bytes of
-// file sample `index`, of `spec`) holds NaN or infinity; integer arrays always pass.
-void check_finite(std::span<const std::byte> sample, const ArraySpec& spec,
-                  const LoaderConfig& config, Field field, std::size_t index) {
-  if (spec.dtype != DType::f32 && spec.dtype != DType::f16) return;
-  const std::vector<std::size_t>& sample_shape = spec.sample_shape;
-  std::size_t element = 0;
-  bool nan = false;  // else infinite: NaN has a non-zero fraction
-  if (spec.dtype == DType::f32) {
-    element = first_non_finite(sample, kF32Exponent);
-    if (element == sample.size() / 4) return;
-    nan = (element_bits<std::uint32_t>(sample, element) & 0x007FFFFFU) != 0;
-  } else {
-    element = first_non_finite(sample, kF16Exponent);
-    if (element == sample.size() / 2) return;
-    nan = (element_bits<std::uint16_t>(sample, element) & 0x03FFU) != 0;
-  }
-  std::vector<std::size_t> position(sample_shape.size());
-  for (std::size_t d = sample_shape.size(), rest = element; d-- > 0;) {
-    position[d] = rest % sample_shape[d];
-    rest /= sample_shape[d];
-  }
-  throw DatasetError("dataset '" + config.path + "': split '" + config.split + "', " +
-                     std::string(field_name(field)) + " of sample " + std::to_string(index) +
-                     ", element " + std::to_string(element) + " (position " +
-                     shape_string(position) + " in a sample of shape " +
-                     shape_string(sample_shape) + ") is " + (nan ? "NaN" : "infinite") +
-                     "; training needs finite values: fill or mask missing values when "
-                     "converting the data");
 }
 
 }  // namespace
@@ -428,8 +371,10 @@ void Loader::check_samples(
     // and later epochs skip the scan.
     std::atomic<bool>& checked = finite_checked_[indices[k]];
     if (checked.load(std::memory_order_relaxed)) continue;
-    check_finite(sample(k, Field::inputs), info_.inputs, config_, Field::inputs, indices[k]);
-    check_finite(sample(k, Field::targets), info_.targets, config_, Field::targets, indices[k]);
+    check_finite_sample(sample(k, Field::inputs), info_.inputs, config_.path, config_.split,
+                        Field::inputs, indices[k]);
+    check_finite_sample(sample(k, Field::targets), info_.targets, config_.path, config_.split,
+                        Field::targets, indices[k]);
     checked.store(true, std::memory_order_relaxed);
   }
 }

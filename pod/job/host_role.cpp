@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "host/checkpoint.hpp"
+#include "host/data_scan.hpp"
 #include "host/dataset.hpp"
 #include "host/loader.hpp"
 #include "host/stream_server.hpp"
@@ -141,6 +142,22 @@ class HostRole {
                  double seconds, bool checkpoint_written);
 };
 
+// Every float of the data, before the first step rather than when its batch streams; a clean
+// verdict is remembered per unchanged file (host/data_scan.hpp), so a set is scanned once.
+void scan_for_non_finite_values(const host::DatasetFile& file) {
+  host::FiniteScanOptions options;
+  options.cache_dir = host::default_scan_cache_dir();
+  options.progress = [&file](std::uint64_t done, std::uint64_t total) {
+    constexpr double kMiB = 1024.0 * 1024.0;
+    std::ostringstream line;
+    line << "ipupod: scanning " << file.path() << " for NaN and infinity: " << std::fixed
+         << std::setprecision(0) << 100.0 * static_cast<double>(done) / static_cast<double>(total)
+         << "% of " << static_cast<double>(total) / kMiB << " MiB";
+    std::cout << line.str() << std::endl;
+  };
+  host::scan_finite(file, options);
+}
+
 void HostRole::open_data() {
   train_ = std::make_unique<host::Loader>(
       host::LoaderConfig{.path = c_.data,
@@ -170,11 +187,17 @@ void HostRole::open_data() {
   const models::Model model = models::build_model(c_.model, model_options(c_, probe, false));
   // More stages than the model's split marks make fails here, once, not on every IPU.
   if (c_.split == "model") check_stage_count(c_, model);
+  check_input_shape(train_->file(), model);
   if (model.task == models::Task::classification) {
-    startup_.classes = check_classification_data(train_->file());
+    std::vector<std::string> warnings;
+    startup_.classes =
+        check_classification_data(train_->file(), models::ModelOptions{}.classes, warnings);
+    for (const std::string& warning : warnings)
+      std::cerr << "ipupod train: warning: " << warning << "\n";
   } else {
     scoring_ = check_target_data(train_->file(), model);
   }
+  scan_for_non_finite_values(train_->file());
   startup_.train_steps = train_->steps_per_epoch();
   startup_.test_steps = test_->steps_per_epoch();
 }

@@ -83,6 +83,9 @@ TEST(FashionMnist, ConvertsAndReopens) {
   const double mean = file.split_attributes("train").at("pixel_mean");
   EXPECT_GT(mean, 0.1);
   EXPECT_LT(mean, 0.5);
+  // The class count the trainer checks every label against, in both splits.
+  EXPECT_EQ(file.split_attributes("train").at("classes"), 10.0);
+  EXPECT_EQ(file.split_attributes("test").at("classes"), 10.0);
 }
 
 TEST(FashionMnist, RefusesToOverwriteWithoutTheOption) {
