@@ -130,6 +130,24 @@ using Json = nlohmann::json;
 // most 256 IPUs); their product is checked against int as well.
 constexpr std::int64_t kMaxTopologyCount = 1 << 16;
 
+// A library's message cut short: a JSON parse error quotes the text it last read, which can be
+// the whole of a long line.
+std::string brief(const std::string& text) {
+  constexpr std::size_t kBriefChars = 240;
+  return text.size() > kBriefChars ? text.substr(0, kBriefChars) + "..." : text;
+}
+
+// A value as an error message shows it: lists and objects are described, not printed (one nested
+// deeply would overflow the stack of dump(), a long one would drown the message).
+std::string shown(const Json& value) {
+  if (value.is_array()) return "a list of " + std::to_string(value.size()) + " value(s)";
+  if (value.is_object()) return "an object of " + std::to_string(value.size()) + " field(s)";
+  std::string text = value.dump(-1, ' ', false, Json::error_handler_t::replace);
+  constexpr std::size_t kShownChars = 64;
+  if (text.size() > kShownChars) text = text.substr(0, kShownChars) + "...";
+  return text;
+}
+
 [[noreturn]] void file_error(const std::string& origin, const std::string& what) {
   throw FabricError("topology file " + origin + ": " + what);
 }
@@ -157,7 +175,7 @@ double number_at(const Json& parent, const char* key, const std::string& origin,
                  const std::string& where) {
   const Json& value = parent.at(key);
   if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < 0) {
-    file_error(origin, where + "." + key + " must be a finite number >= 0, got " + value.dump());
+    file_error(origin, where + "." + key + " must be a finite number >= 0, got " + shown(value));
   }
   return value.get<double>();
 }
@@ -167,7 +185,7 @@ std::string string_at(const Json& parent, const char* key, const std::string& or
   const Json& value = parent.at(key);
   if (!value.is_string())
     file_error(origin,
-               (where.empty() ? "" : where + ".") + key + " must be a string, got " + value.dump());
+               (where.empty() ? "" : where + ".") + key + " must be a string, got " + shown(value));
   return value.get<std::string>();
 }
 
@@ -177,7 +195,7 @@ int count_at(const Json& parent, const char* key, const std::string& origin) {
   if (!value.is_number_integer() || value.get<std::int64_t>() < 1 ||
       value.get<std::int64_t>() > kMaxTopologyCount) {
     file_error(origin, std::string(key) + " must be a whole number in [1, " +
-                           std::to_string(kMaxTopologyCount) + "], got " + value.dump());
+                           std::to_string(kMaxTopologyCount) + "], got " + shown(value));
   }
   return static_cast<int>(value.get<std::int64_t>());
 }
@@ -216,7 +234,20 @@ TopologySpec parse_topology(const Json& root, const std::string& origin) {
                       origin, "the top level");
   TopologySpec spec;
   const bool has_base = root.contains("base");
-  if (has_base) spec = Topology::preset(string_at(root, "base", origin, "")).spec();
+  if (has_base) {
+    // A built-in preset only: a file as the base could name itself (or a cycle of files) and
+    // be followed for ever.
+    const std::string base = string_at(root, "base", origin, "");
+    const auto names = Topology::preset_names();
+    if (std::find(names.begin(), names.end(), base) == names.end()) {
+      std::string known;
+      for (const std::string& name : names) known += (known.empty() ? "" : ", ") + name;
+      file_error(origin, "base '" + base.substr(0, 64) +
+                             "' is not a built-in preset; known presets: " + known +
+                             " (a topology file cannot be the base of another)");
+    }
+    spec = Topology::preset(base).spec();
+  }
   spec.name = root.contains("name") ? string_at(root, "name", origin, "") : origin;
   for (const char* key : {"pods", "machines_per_pod", "ipus_per_machine"}) {
     if (!root.contains(key)) file_error(origin, std::string(key) + " is missing");
@@ -341,12 +372,12 @@ Topology Topology::from_json_text(std::string_view text, const std::string& orig
   try {
     root = Json::parse(text);
   } catch (const Json::exception& error) {
-    file_error(origin, std::string("is not valid JSON: ") + error.what());
+    file_error(origin, "is not valid JSON: " + brief(error.what()));
   }
   try {
     return Topology(parse_topology(root, origin));
   } catch (const Json::exception& error) {
-    file_error(origin, std::string("has a value of the wrong type: ") + error.what());
+    file_error(origin, "has a value of the wrong type: " + brief(error.what()));
   }
 }
 

@@ -68,8 +68,9 @@ class Topology {
   //                                      "source": "our measurement" },
   //                "between_machines": { ... }, "between_pods": { ... } },
   //     "sync_us": { "within_machine": 0.4, "within_pod": 1, "between_pods": 10 } }
-  // Without "base", all three links and all three sync costs must be given. Unknown keys are
-  // errors (they are usually typos). FabricError names the file and the offending key.
+  // "base" names a built-in preset, not another file. Without "base", all three links and all
+  // three sync costs must be given. Unknown keys are errors (they are usually typos).
+  // FabricError names the file and the offending key.
   static Topology from_json_file(const std::string& path);
   static Topology from_json_text(std::string_view text, const std::string& origin);
 

@@ -82,20 +82,33 @@ void write_array(h5::Group& group, const std::string& name, const HostArray& arr
   if (!array.bytes.empty()) dataset.write(array);
 }
 
-HostArray read_array(const h5::Group& group, const std::string& name) {
+// `file_bytes`: the size of the file, which holds every tensor whole (uncompressed, contiguous):
+// a shape that needs more is damage, refused before anything is allocated for it.
+HostArray read_array(const h5::Group& group, const std::string& name, std::uintmax_t file_bytes) {
   h5::Dataset dataset = group.open_dataset(name);
   HostArray array;
   if (!dataset.stored_dtype(array.dtype)) {
     throw CheckpointError("'" + dataset.object() + "' in '" + dataset.file() + "' is stored as " +
                           dataset.type_description() + ", not a type ipupod writes");
   }
-  array = HostArray::zeros(array.dtype, dataset.dims());
+  const std::vector<std::size_t> dims = dataset.dims();
+  std::uintmax_t bytes = dtype_size(array.dtype);
+  for (const std::size_t extent : dims) {
+    if (extent != 0 && bytes > file_bytes / extent) {
+      throw CheckpointError("'" + dataset.object() + "' in '" + dataset.file() + "' has shape " +
+                            shape_string(dims) + ", more than the file's " +
+                            std::to_string(file_bytes) +
+                            " bytes can hold: the file is damaged; resume from another checkpoint");
+    }
+    bytes *= extent;
+  }
+  array = HostArray::zeros(array.dtype, dims);
   if (!array.bytes.empty()) dataset.read_all(array.dtype, array.bytes.data());
   return array;
 }
 
-std::string read_text(const h5::Group& group, const std::string& name) {
-  const HostArray array = read_array(group, name);
+std::string read_text(const h5::Group& group, const std::string& name, std::uintmax_t file_bytes) {
+  const HostArray array = read_array(group, name, file_bytes);
   if (array.dtype != DType::u8 || array.shape.size() != 1) {
     throw CheckpointError("'" + name + "' in checkpoint '" + group.file() +
                           "' should be uint8 text, got " + array.describe());
@@ -239,7 +252,8 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint,
   const std::string temporary = path + ".tmp";
   try {
     {
-      h5::File file = h5::File::create(temporary);
+      // Checksummed metadata: a damaged file must fail a check, not crash the HDF5 library.
+      h5::File file = h5::File::create(temporary, true);
       file.set_string_attribute("format", kFormat);
       file.set_uint64_attribute("version", kVersion);
       file.set_uint64_attribute("step", checkpoint.step);
@@ -288,6 +302,8 @@ Checkpoint load_checkpoint(const std::string& path) {
     throw CheckpointError("'" + path + "' is not an HDF5 file, so not an ipupod checkpoint");
   }
   try {
+    const std::uintmax_t file_bytes = std::filesystem::file_size(path, ec);
+    if (ec) throw CheckpointError("cannot read checkpoint '" + path + "': " + ec.message());
     const h5::File file = h5::File::open(path, true);
     const auto strings = file.string_attributes();
     const auto format = strings.find("format");
@@ -310,7 +326,7 @@ Checkpoint load_checkpoint(const std::string& path) {
                               "'; it is damaged or was not written by ipupod");
       }
     }
-    const std::string record = read_text(file, "checksums");
+    const std::string record = read_text(file, "checksums", file_bytes);
     const std::uint64_t record_checksum = file.uint64_attribute("checksum");
     if (record_checksum != crc32c(text_bytes(record))) {
       throw CheckpointError("checkpoint '" + path +
@@ -323,15 +339,15 @@ Checkpoint load_checkpoint(const std::string& path) {
     }
     Checkpoint checkpoint;
     checkpoint.step = file.uint64_attribute("step");
-    checkpoint.config_json = read_text(file, "config_json");
-    checkpoint.state_json = read_text(file, "state_json");
+    checkpoint.config_json = read_text(file, "config_json", file_bytes);
+    checkpoint.state_json = read_text(file, "state_json", file_bytes);
     const h5::Group rng = file.open_group("rng");
     for (const std::string& name : rng.link_names()) {
-      checkpoint.rng_states[from_link_name(name, path)] = read_text(rng, name);
+      checkpoint.rng_states[from_link_name(name, path)] = read_text(rng, name, file_bytes);
     }
     const h5::Group tensors = file.open_group("tensors");
     for (const std::string& name : tensors.link_names()) {
-      checkpoint.tensors[from_link_name(name, path)] = read_array(tensors, name);
+      checkpoint.tensors[from_link_name(name, path)] = read_array(tensors, name, file_bytes);
     }
     verify_checksums(checkpoint, record, path);
     for (const auto& [name, array] : checkpoint.tensors) check_finite(name, array, path);

@@ -644,10 +644,15 @@ File File::open(const std::string& path, bool read_only) {
   return File(check(id, "open file", path, ""), H5Fclose, path, "/");
 }
 
-File File::create(const std::string& path) {
+File File::create(const std::string& path, bool checksummed_metadata) {
   silence_error_printing();
   auto guard = lock();
-  const hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  Handle access(check(H5Pcreate(H5P_FILE_ACCESS), "create file access list", path, ""), H5Pclose,
+                path, "");
+  if (checksummed_metadata)
+    check(H5Pset_libver_bounds(access.id(), H5F_LIBVER_V110, H5F_LIBVER_LATEST),
+          "choose the file format", path, "");
+  const hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, access.id());
   return File(check(id, "create file", path, ""), H5Fclose, path, "/");
 }
 

@@ -159,7 +159,11 @@ class File : public Group {
  public:
   using Group::Group;
   static File open(const std::string& path, bool read_only = true);
-  static File create(const std::string& path);  // truncates an existing file
+  // Truncates an existing file. `checksummed_metadata`: the HDF5 1.10 format, whose metadata
+  // (superblock, object headers, group indexes) carries checksums that HDF5 checks on every
+  // read, so that damage is an error instead of a crash in the library; readable by HDF5 1.10
+  // and later only.
+  static File create(const std::string& path, bool checksummed_metadata = false);
   void flush();
 };
 

@@ -390,7 +390,18 @@ WireFrame decode_frame(std::span<const std::byte> bytes, std::uint64_t max_paylo
     std::memcpy(buffer.data(), bytes.data() + offset, buffer.size());
     offset += buffer.size();
   };
-  WireFrame wire = read_frame(read, max_payload_bytes);
+  // The payload is sized from the header: a header that promises more than the buffer holds is
+  // refused before anything is allocated for it.
+  const PayloadBuffer buffer = [&](std::size_t payload_bytes) {
+    if (payload_bytes > bytes.size() - offset) {
+      throw FrameError("rejected stream frame: truncated (its header promises " +
+                       std::to_string(payload_bytes) + " payload bytes after byte " +
+                       std::to_string(offset) + ", the buffer holds " +
+                       std::to_string(bytes.size()) + ")");
+    }
+    return std::vector<std::byte>(payload_bytes);
+  };
+  WireFrame wire = read_frame(read, max_payload_bytes, buffer);
   if (offset != bytes.size()) {
     throw FrameError("rejected stream frame: " + std::to_string(bytes.size() - offset) +
                      " trailing bytes after the frame");

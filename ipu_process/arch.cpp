@@ -104,11 +104,32 @@ constexpr std::uint64_t kMaxTiles = 1 << 20;
 constexpr std::uint64_t kMaxBytesPerTile = UINT32_MAX;
 constexpr std::uint64_t kMaxLanes = 1024;
 constexpr std::uint64_t kMaxEventCycles = UINT32_MAX;
+// The largest real figure (a clock, a rate): far beyond any IPU's (MK2: 1.33e9 Hz, 15.75e9 B/s)
+// and small enough that products of figures (peak FLOP/s) stay finite.
+constexpr double kMaxRealFigure = 1e15;
 
 const ArchPreset* find_builtin(std::string_view name) {
   for (const auto& p : ArchPreset::all())
     if (p.name == name) return &p;
   return nullptr;
+}
+
+// A library's message cut short: a JSON parse error quotes the text it last read, which can be
+// the whole of a long line.
+std::string brief(const std::string& text) {
+  constexpr std::size_t kBriefChars = 240;
+  return text.size() > kBriefChars ? text.substr(0, kBriefChars) + "..." : text;
+}
+
+// A value as an error message shows it: lists and objects are described, not printed (one nested
+// deeply would overflow the stack of dump(), a long one would drown the message).
+std::string shown(const nlohmann::json& value) {
+  if (value.is_array()) return "a list of " + std::to_string(value.size()) + " value(s)";
+  if (value.is_object()) return "an object of " + std::to_string(value.size()) + " field(s)";
+  std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  constexpr std::size_t kShownChars = 64;
+  if (text.size() > kShownChars) text = text.substr(0, kShownChars) + "...";
+  return text;
 }
 
 // Reads a preset file; every field must be known and of the right type.
@@ -122,7 +143,8 @@ ArchPreset load_preset_file(const std::string& path) {
   try {
     j = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    throw std::invalid_argument("architecture file '" + path + "' is not valid JSON: " + e.what());
+    throw std::invalid_argument("architecture file '" + path +
+                                "' is not valid JSON: " + brief(e.what()));
   }
   if (!j.is_object())
     throw std::invalid_argument("architecture file '" + path + "' must hold a JSON object");
@@ -130,7 +152,7 @@ ArchPreset load_preset_file(const std::string& path) {
   const auto string_at = [&](const char* key) {
     const nlohmann::json& v = j.at(key);
     if (!v.is_string())
-      throw std::invalid_argument(where + "field '" + key + "' must be a string, got " + v.dump());
+      throw std::invalid_argument(where + "field '" + key + "' must be a string, got " + shown(v));
     return v.get<std::string>();
   };
   ArchPreset p;
@@ -160,16 +182,21 @@ ArchPreset load_preset_file(const std::string& path) {
     if (!in_range)
       throw std::invalid_argument(where + "field '" + key + "' must be a whole number in [" +
                                   std::to_string(min) + ", " + std::to_string(max) + "], got " +
-                                  v.dump() + "; fix it, or drop it to keep the base preset's");
+                                  shown(v) + "; fix it, or drop it to keep the base preset's");
     value = static_cast<std::remove_reference_t<decltype(value)>>(n);
   };
   const auto real = [&](const char* key, double& value, bool zero_allowed) {
     if (!j.contains(key)) return;
     const nlohmann::json& v = j.at(key);
     const double x = v.is_number() ? v.get<double>() : 0;
+    if (v.is_number() && x > kMaxRealFigure && std::isfinite(x))
+      throw std::invalid_argument(
+          where + "field '" + key + "' is " + shown(v) +
+          ", more than the largest figure a preset takes (1e15); fix it, or "
+          "drop it to keep the base preset's");
     if (!v.is_number() || !std::isfinite(x) || x < 0 || (x == 0 && !zero_allowed))
       throw std::invalid_argument(where + "field '" + key + "' must be a finite number " +
-                                  (zero_allowed ? ">= 0" : "> 0") + ", got " + v.dump() +
+                                  (zero_allowed ? ">= 0" : "> 0") + ", got " + shown(v) +
                                   "; fix it, or drop it to keep the base preset's");
     value = x;
   };
@@ -217,7 +244,7 @@ ArchPreset load_preset_file(const std::string& path) {
     if (!v.is_array() ||
         !std::all_of(v.begin(), v.end(), [](const auto& e) { return e.is_string(); }))
       throw std::invalid_argument(where + "field 'sources' must be a list of strings, got " +
-                                  v.dump());
+                                  shown(v));
     for (const auto& e : v) p.sources.push_back(e.get<std::string>());
   }
   if (p.tiles == 0 || p.bytes_per_tile == 0 || !(p.clock_hz > 0) || p.workers_per_tile == 0 ||

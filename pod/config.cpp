@@ -243,22 +243,41 @@ std::vector<std::string> resume_differences(const TrainConfig& c, const nlohmann
                                        "shuffle",
                                        "shuffle_window"};
   const nlohmann::json now = config_json(c);
+  // The record may hold anything (it is refused further on unless it is an object): its values
+  // are referred to, never copied (a deeply nested one would overflow the stack).
+  static const nlohmann::json kAbsent, kWholeSplit = 0;
+  const bool object = saved.is_object();
   std::vector<std::string> differences;
   for (const char* key : kFixed) {
     // Checkpoints from before the windowed shuffle shuffled whole splits (window 0).
-    const nlohmann::json was = saved.contains(key)                         ? saved.at(key)
-                               : std::string_view(key) == "shuffle_window" ? nlohmann::json(0)
-                                                                           : nlohmann::json();
+    const nlohmann::json& was = object && saved.contains(key)               ? saved.at(key)
+                                : std::string_view(key) == "shuffle_window" ? kWholeSplit
+                                                                            : kAbsent;
     if (was != now.at(key))
       differences.push_back(std::string(key) + ": checkpoint " +
-                            (was.is_null() ? std::string("(absent)") : was.dump()) + ", this run " +
-                            now.at(key).dump());
+                            (was.is_null() ? std::string("(absent)") : shown_json(was)) +
+                            ", this run " + now.at(key).dump());
   }
-  if (c.lr_schedule != "constant" && saved.contains("epochs") && saved.at("epochs") != c.epochs)
-    differences.push_back("epochs: checkpoint " + saved.at("epochs").dump() + ", this run " +
+  if (c.lr_schedule != "constant" && object && saved.contains("epochs") &&
+      saved.at("epochs") != c.epochs)
+    differences.push_back("epochs: checkpoint " + shown_json(saved.at("epochs")) + ", this run " +
                           std::to_string(c.epochs) + " (the " + c.lr_schedule +
                           " learning-rate schedule spans the whole run)");
   return differences;
+}
+
+std::string brief(const std::string& text) {
+  constexpr std::size_t kBriefChars = 240;
+  return text.size() > kBriefChars ? text.substr(0, kBriefChars) + "..." : text;
+}
+
+std::string shown_json(const nlohmann::json& value) {
+  if (value.is_array()) return "a list of " + std::to_string(value.size()) + " value(s)";
+  if (value.is_object()) return "an object of " + std::to_string(value.size()) + " field(s)";
+  std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  constexpr std::size_t kShownChars = 64;
+  if (text.size() > kShownChars) text = text.substr(0, kShownChars) + "...";
+  return text;
 }
 
 }  // namespace ipupod::pod

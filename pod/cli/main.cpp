@@ -152,7 +152,8 @@ std::vector<std::string> expand_config_file(CLI::App& app, std::vector<std::stri
   try {
     options = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    throw ConfigFileError("--config: '" + path + "' is not valid JSON: " + e.what());
+    throw ConfigFileError("--config: '" + path +
+                          "' is not valid JSON: " + ipupod::pod::brief(e.what()));
   }
   if (!options.is_object())
     throw ConfigFileError("--config: '" + path +

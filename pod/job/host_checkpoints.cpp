@@ -102,7 +102,7 @@ class Fields {
   [[noreturn]] void wrong(const char* key, const nlohmann::json& value,
                           const char* expected) const {
     throw host::CheckpointError("checkpoint '" + path_ + "': field '" + key + "' of its " + what_ +
-                                " is " + value.dump() + ", expected " + expected +
+                                " is " + shown_json(value) + ", expected " + expected +
                                 "; it was written by another ipupod version or edited");
   }
 
@@ -215,7 +215,7 @@ void check_position(const TrainConfig& c, const Startup& startup,
   try {
     order = nlohmann::json::parse(shuffle->second);
   } catch (const nlohmann::json::exception& e) {
-    inconsistent(path, "its 'loader_shuffle' RNG state is not JSON: " + std::string(e.what()));
+    inconsistent(path, "its 'loader_shuffle' RNG state is not JSON: " + brief(e.what()));
   }
   const Fields loader(order, "'loader_shuffle' RNG state", path);
   if (loader.count("epoch") != progress.epoch)
@@ -254,14 +254,14 @@ void read_metrics(const std::string& path, const Fields& state, Progress& progre
     metrics = nlohmann::json::parse(text.str());
   } catch (const nlohmann::json::exception& e) {
     throw host::CheckpointError("checkpoint '" + path + "': its metrics file '" + file +
-                                "' is not JSON: " + e.what());
+                                "' is not JSON: " + brief(e.what()));
   }
   const Fields fields(metrics, "metrics file", path);
   try {
     for (const auto& m : fields.at("epochs")) progress.epochs.push_back(metrics_from_json(m));
   } catch (const nlohmann::json::exception& e) {
     throw host::CheckpointError("checkpoint '" + path + "': an epoch of its metrics file '" + file +
-                                "' is damaged: " + e.what());
+                                "' is damaged: " + brief(e.what()));
   }
   progress.csv = fields.text("metrics_csv");
   if (progress.epochs.size() != progress.epoch)
@@ -279,16 +279,24 @@ host::Checkpoint load_resume(const TrainConfig& c, Startup& startup, Progress& p
     saved = nlohmann::json::parse(checkpoint.config_json);
     state = nlohmann::json::parse(checkpoint.state_json);
   } catch (const nlohmann::json::exception& e) {
-    throw host::CheckpointError("checkpoint '" + c.resume +
-                                "' has a damaged configuration or state record: " + e.what());
+    throw host::CheckpointError(
+        "checkpoint '" + c.resume +
+        "' has a damaged configuration or state record: " + brief(e.what()));
   }
+  if (!saved.is_object())
+    throw host::CheckpointError("checkpoint '" + c.resume + "': its configuration record is " +
+                                shown_json(saved) +
+                                ", expected a JSON object; it was written by another ipupod "
+                                "version or edited");
   std::vector<std::string> differences = resume_differences(c, saved);
   const nlohmann::json now = checkpoint_config(c, startup);
-  for (const char* key : {"train_steps", "test_steps", "sample_shape", "classes"})
-    if (saved.value(key, nlohmann::json()) != now.at(key))
-      differences.push_back(std::string("data ") + key + ": checkpoint " +
-                            saved.value(key, nlohmann::json()).dump() + ", this run " +
-                            now.at(key).dump() + " (another data file?)");
+  static const nlohmann::json kAbsent;
+  for (const char* key : {"train_steps", "test_steps", "sample_shape", "classes"}) {
+    const nlohmann::json& was = saved.contains(key) ? saved.at(key) : kAbsent;
+    if (was != now.at(key))
+      differences.push_back(std::string("data ") + key + ": checkpoint " + shown_json(was) +
+                            ", this run " + now.at(key).dump() + " (another data file?)");
+  }
   if (!differences.empty()) {
     std::string list;
     for (const auto& d : differences) list += (list.empty() ? "" : "; ") + d;
