@@ -1,11 +1,13 @@
 // Host-side checkpoints of a training job.
 #include "pod/job/host_checkpoints.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -170,6 +172,7 @@ void write_checkpoint(host::StreamServer& server, const TrainConfig& c, const St
       {"epoch", progress.epoch}}.dump();
   const std::string path = (std::filesystem::path(c.run_dir) / name).string() + ".h5";
   host::save_checkpoint(path, checkpoint);
+  std::erase(written, path);  // a resumed run writes again what its checkpoint's run wrote
   written.push_back(path);
   while (c.checkpoint_keep > 0 && written.size() > c.checkpoint_keep) {
     std::error_code ignored;
@@ -184,6 +187,41 @@ void write_checkpoint(host::StreamServer& server, const TrainConfig& c, const St
                           std::to_string(progress.step) + " of " +
                           std::to_string(startup.train_steps))
             << ")" << std::endl;
+}
+
+std::deque<std::string> prepare_checkpoint_directory(const TrainConfig& c, const Startup& startup) {
+  namespace fs = std::filesystem;
+  // What ipupod writes through a temporary file in the run directory (save_checkpoint and
+  // write_file_atomically add ".tmp"): a crash leaves at most these behind.
+  static const std::regex temporary(
+      R"((checkpoint-[0-9]+(\.h5|\.metrics\.json)|summary\.json|metrics\.csv|memory\.json|)"
+      R"(trace\.json)\.tmp)");
+  static const std::regex checkpoint(R"(checkpoint-([0-9]{1,19})\.h5)");
+  std::vector<std::pair<std::uint64_t, std::string>> found;
+  std::vector<std::string> removed;
+  for (const fs::directory_entry& entry : fs::directory_iterator(c.run_dir)) {
+    const std::string name = entry.path().filename().string();
+    std::smatch match;
+    if (std::regex_match(name, temporary) && entry.is_regular_file()) {
+      fs::remove(entry.path());
+      removed.push_back(name);
+    } else if (startup.resume && std::regex_match(name, match, checkpoint) &&
+               entry.is_regular_file()) {
+      const std::uint64_t step = std::stoull(match[1].str());
+      if (step <= startup.resume_host_step) found.emplace_back(step, entry.path().string());
+    }
+  }
+  if (!removed.empty()) {
+    std::sort(removed.begin(), removed.end());
+    std::string list;
+    for (const std::string& name : removed) list += (list.empty() ? "" : ", ") + name;
+    std::cout << "ipupod: removed " << removed.size() << " temporary file(s) an interrupted run "
+              << "left in " << c.run_dir << ": " << list << std::endl;
+  }
+  std::sort(found.begin(), found.end());
+  std::deque<std::string> written;
+  for (auto& [step, path] : found) written.push_back(std::move(path));
+  return written;
 }
 
 namespace {

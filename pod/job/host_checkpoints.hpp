@@ -47,6 +47,13 @@ nlohmann::json checkpoint_config(const TrainConfig& c, const Startup& startup);
 void write_checkpoint(host::StreamServer& server, const TrainConfig& c, const Startup& startup,
                       Progress progress, std::deque<std::string>& written);
 
+// Readies the run directory for this run's checkpoints: removes the temporary files a crash
+// during a write left there (of checkpoints, their metrics files and the run's reports), and
+// returns the checkpoints already there that --checkpoint-keep counts with the ones this run
+// writes, oldest first: on a resume those up to the step it resumes from (written before it, by
+// the run it continues), on a fresh start none.
+std::deque<std::string> prepare_checkpoint_directory(const TrainConfig& c, const Startup& startup);
+
 // Reads --resume, checks that this run continues the checkpoint's, and fills the start-up
 // record and the host's progress from it. UsageError / CheckpointError on a mismatch.
 host::Checkpoint load_resume(const TrainConfig& c, Startup& startup, Progress& progress);

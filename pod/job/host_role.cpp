@@ -220,6 +220,7 @@ Startup HostRole::prepare() {
     startup_.port = server_->port();
     if (!c_.resume.empty()) resume_ = load_resume(c_, startup_, progress_);
     std::filesystem::create_directories(c_.run_dir);
+    checkpoints_written_ = prepare_checkpoint_directory(c_, startup_);
   } catch (const host::DatasetError& e) {
     startup_.status = 2;
     startup_.message = e.what();

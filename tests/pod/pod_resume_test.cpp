@@ -279,6 +279,49 @@ TEST_F(PodResume, DamagedOrEditedCheckpointsAreRefusedNamingWhat) {
   }
 }
 
+// --checkpoint-keep counts a resumed run's checkpoints together with those its checkpoint's run
+// wrote into the same directory (they were kept for ever before), and the temporary files a
+// crash during a write leaves behind are removed when a run starts or resumes.
+TEST_F(PodResume, CheckpointKeepPrunesAcrossResumesAndLeftoversAreRemoved) {
+  const fs::path run_dir = dir() / "keep";
+  fs::create_directories(run_dir);
+  const auto plant = [&](const std::string& name) { std::ofstream(run_dir / name) << "torn"; };
+  const auto names = [&](const std::string& suffix) {
+    std::vector<std::string> found;
+    for (const auto& entry : fs::directory_iterator(run_dir)) {
+      const std::string name = entry.path().filename().string();
+      if (name.size() >= suffix.size() &&
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+        found.push_back(name);
+    }
+    std::sort(found.begin(), found.end());
+    return found;
+  };
+  plant("checkpoint-000004.h5.tmp");
+  plant("notes.tmp");  // not ipupod's: left alone
+  const Result first = train("keep", "--epochs 1 --checkpoint-every 4 --checkpoint-keep 2");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_NE(first.output.find("removed 1 temporary file(s)"), std::string::npos) << first.output;
+  EXPECT_EQ(names(".h5"),
+            (std::vector<std::string>{"checkpoint-000012.h5", "checkpoint-000015.h5"}));
+
+  // A crash while the run wrote its next checkpoint and reports.
+  plant("checkpoint-000019.h5.tmp");
+  plant("checkpoint-000019.metrics.json.tmp");
+  plant("summary.json.tmp");
+  const Result resumed =
+      train("keep", "--epochs 2 --checkpoint-every 4 --checkpoint-keep 2 --resume " +
+                        (run_dir / "checkpoint-000015.h5").string());
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("removed 3 temporary file(s)"), std::string::npos)
+      << resumed.output;
+  EXPECT_EQ(names(".h5"),
+            (std::vector<std::string>{"checkpoint-000028.h5", "checkpoint-000030.h5"}));
+  EXPECT_EQ(names(".metrics.json"), (std::vector<std::string>{"checkpoint-000028.metrics.json",
+                                                              "checkpoint-000030.metrics.json"}));
+  EXPECT_EQ(names(".tmp"), std::vector<std::string>{"notes.tmp"});
+}
+
 // The running figures live beside the checkpoints, so a checkpoint's size does not grow with
 // the number of steps trained.
 TEST_F(PodResume, CheckpointsDoNotGrowWithTheRunLength) {
