@@ -13,7 +13,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -320,6 +322,132 @@ TEST_F(PodResume, CheckpointKeepPrunesAcrossResumesAndLeftoversAreRemoved) {
   EXPECT_EQ(names(".metrics.json"), (std::vector<std::string>{"checkpoint-000028.metrics.json",
                                                               "checkpoint-000030.metrics.json"}));
   EXPECT_EQ(names(".tmp"), std::vector<std::string>{"notes.tmp"});
+}
+
+// The pid of each rank of a job that mpirun (pid `mpirun`) launched, by rank, from the ranks'
+// environments (Open MPI starts local ranks as its own children).
+std::map<int, pid_t> rank_pids(pid_t mpirun) {
+  std::map<int, pid_t> pids;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const std::size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(line.substr(close + 2));
+    char state = 0;
+    pid_t parent = 0;
+    fields >> state >> parent;
+    if (parent != mpirun) continue;
+    std::ifstream environ(entry.path() / "environ", std::ios::binary);
+    std::string variable;
+    while (std::getline(environ, variable, '\0'))
+      if (variable.rfind("OMPI_COMM_WORLD_RANK=", 0) == 0)
+        pids[std::stoi(variable.substr(21))] = static_cast<pid_t>(std::stol(name));
+  }
+  return pids;
+}
+
+// Fault injection: SIGKILL to a rank (the host or an IPU, chosen by a seeded generator) at a
+// seeded moment after the job's first checkpoint. Each run must end within seconds, non-zero,
+// with a message; resumed from the newest checkpoint it left (in the same directory, so torn
+// temporary files are met too), it must end bitwise identical to a run never killed.
+TEST_F(PodResume, KilledRanksEndTheJobPromptlyAndResumingEndsIdentically) {
+  const std::string options = "--epochs 2 --checkpoint-every 2 --checkpoint-keep 2";
+  const Result straight = train("fault-straight", options);
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  std::mt19937 rng(20);
+  for (int trial = 0; trial < 3; ++trial) {
+    const int rank = trial < 2 ? trial : static_cast<int>(rng() % 3);  // the host, an IPU, either
+    const auto delay = std::chrono::milliseconds(rng() % 400);
+    const std::string name = "fault-" + std::to_string(trial);
+    SCOPED_TRACE(name + ": SIGKILL to rank " + std::to_string(rank) + " " +
+                 std::to_string(delay.count()) + " ms after the first checkpoint");
+    const fs::path log = dir() / (name + ".log");
+    const std::string command =
+        std::string("exec ") + IPUPOD_MPIEXEC + " -n 3 --oversubscribe --allow-run-as-root " +
+        IPUPOD_BINARY + " train --model mlp --hidden 32 --data " + data().string() +
+        " --replicas 2 --micro-batch 10 --gradient-accumulation 2 --device-iterations 2"
+        " --learning-rate 0.1 --arch tiny --topology m2000 --run-dir " +
+        (dir() / name).string() + " " + options + " > " + log.string() + " 2>&1";
+    const pid_t mpirun = fork();
+    ASSERT_GE(mpirun, 0);
+    if (mpirun == 0) {
+      execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    const auto read_log = [&] {
+      std::ifstream in(log);
+      return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    };
+    const auto reap = [&](std::chrono::seconds limit) {
+      int status = 0;
+      const auto until = std::chrono::steady_clock::now() + limit;
+      while (waitpid(mpirun, &status, WNOHANG) == 0) {
+        if (std::chrono::steady_clock::now() > until) {
+          kill(mpirun, SIGKILL);
+          waitpid(mpirun, &status, 0);
+          return -1;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      return status;
+    };
+    const auto started = std::chrono::steady_clock::now();
+    bool ended_early = false;
+    while (read_log().find("  checkpoint ") == std::string::npos) {
+      int status = 0;
+      if (waitpid(mpirun, &status, WNOHANG) != 0) {
+        ended_early = true;
+        break;
+      }
+      if (std::chrono::steady_clock::now() - started > std::chrono::minutes(2)) {
+        kill(mpirun, SIGKILL);
+        waitpid(mpirun, &status, 0);
+        FAIL() << "no checkpoint within 2 minutes:\n" << read_log();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_FALSE(ended_early) << read_log();
+    std::this_thread::sleep_for(delay);
+    const std::map<int, pid_t> pids = rank_pids(mpirun);
+    ASSERT_EQ(pids.count(rank), 1u) << "rank " << rank << " not found";
+    if (kill(pids.at(rank), SIGKILL) != 0) {  // it had just ended: the job is finishing
+      reap(std::chrono::seconds(60));
+      continue;
+    }
+    const auto killed = std::chrono::steady_clock::now();
+    const int status = reap(std::chrono::seconds(30));
+    const std::string output = read_log();
+    ASSERT_NE(status, -1) << "the job did not end within 30 s of the kill:\n" << output;
+    std::cout << name << ": rank " << rank << " killed after " << delay.count()
+              << " ms, the job ended "
+              << std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count()
+              << " s later" << std::endl;
+    EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+    // mpirun names the rank that died; or a rank that saw it first says what failed.
+    EXPECT_TRUE(output.find("process rank " + std::to_string(rank)) != std::string::npos ||
+                output.find("ipupod train: error on rank") != std::string::npos)
+        << "no message says what happened:\n"
+        << output;
+
+    // The newest checkpoint the run left, resumed in the same directory.
+    std::string newest;
+    for (const auto& entry : fs::directory_iterator(dir() / name)) {
+      const std::string file = entry.path().filename().string();
+      if (file.starts_with("checkpoint-") && file.ends_with(".h5") && file > newest) newest = file;
+    }
+    ASSERT_FALSE(newest.empty()) << output;
+    if (newest == "checkpoint-000030.h5") continue;  // killed after the last one: nothing to do
+    std::cout << name << ": resuming from " << newest << std::endl;
+    const Result resumed = train(name, options + " --resume " + (dir() / name / newest).string());
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    expect_same_tensors(dir() / "fault-straight" / "checkpoint-000030.h5",
+                        dir() / name / "checkpoint-000030.h5");
+    expect_same_metrics("fault-straight", name);
+  }
 }
 
 // The running figures live beside the checkpoints, so a checkpoint's size does not grow with
