@@ -376,6 +376,11 @@ Topology Topology::from_json_text(std::string_view text, const std::string& orig
   }
   try {
     return Topology(parse_topology(root, origin));
+  } catch (const FabricError& error) {
+    // Topology's own checks (a bandwidth of 0, say) name the topology: say which file it is.
+    const std::string what = error.what();
+    if (what.starts_with("topology file ")) throw;
+    file_error(origin, what);
   } catch (const Json::exception& error) {
     file_error(origin, "has a value of the wrong type: " + brief(error.what()));
   }

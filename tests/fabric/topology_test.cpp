@@ -236,6 +236,15 @@ TEST(TopologyFile, FieldsAreCheckedForTypeSignAndRange) {
   expect_file_error(
       with(one_machine + R"(, "links": {"between_pods": {"bandwidth_gbytes_per_s": 1e300}})"),
       "needs a finite bandwidth");
+  // A bandwidth of 0 passes the field's check and fails the topology's: the file is still named
+  // (not only the topology's "name").
+  expect_file_error(with(one_machine + R"(, "name": "mine",
+                         "links": {"within_machine": {"bandwidth_gbytes_per_s": 0}})"),
+                    "needs a finite bandwidth");
+  // The base is a built-in preset: a file as the base (here the file itself) was followed until
+  // the stack overflowed.
+  expect_file_error(R"({"base": "bad.json", )" + one_machine + "}",
+                    "base 'bad.json' is not a built-in preset");
   expect_file_error(with(one_machine + R"(, "sync_us": {"within_pod": -2})"),
                     "sync_us.within_pod must be a finite number >= 0, got -2");
   expect_file_error(with(one_machine + R"(, "sync_us": {"source": false})"),

@@ -96,8 +96,10 @@ TEST(FuzzCheckpoint, DamagedFilesLoadIntactOrAreRefusedWithAReason) {
           ADD_FAILURE() << "not a CheckpointError: " << e.what();
         }
       });
-  EXPECT_GE(runs, 200u);
-  EXPECT_GT(refused, runs / 2);  // most damage is found
+  if (!ipupod::fuzz::replaying()) {
+    EXPECT_GE(runs, 200u);
+    EXPECT_GT(refused, runs / 2);  // most damage is found
+  }
 }
 
 // A resume's inputs as write_checkpoint makes them, for a run of 15 host steps per epoch stopped
@@ -211,8 +213,10 @@ TEST(FuzzCheckpoint, MutatedResumeRecordsResumeOrAreRefusedWithAReason) {
         }
       });
   std::cout.rdbuf(stdout_buffer);
-  EXPECT_GE(runs, 20u);    // each input is saved with fsync: few per second
-  EXPECT_GE(resumed, 1u);  // the seed itself resumes
+  if (!ipupod::fuzz::replaying()) {
+    EXPECT_GE(runs, 20u);    // each input is saved with fsync: few per second
+    EXPECT_GE(resumed, 1u);  // the seed itself resumes
+  }
 }
 
 }  // namespace

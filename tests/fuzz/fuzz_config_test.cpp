@@ -85,8 +85,10 @@ TEST(FuzzConfig, ArchitectureFilesLoadWithinBoundsOrAreRefusedWithAReason) {
         }
         std::filesystem::remove(path);
       });
-  EXPECT_GE(runs, 200u);
-  EXPECT_GE(accepted, seeds.size());
+  if (!ipupod::fuzz::replaying()) {
+    EXPECT_GE(runs, 200u);
+    EXPECT_GE(accepted, seeds.size());
+  }
 }
 
 TEST(FuzzConfig, TopologyFilesLoadWithinBoundsOrAreRefusedWithAReason) {
@@ -140,7 +142,9 @@ TEST(FuzzConfig, TopologyFilesLoadWithinBoundsOrAreRefusedWithAReason) {
             seeds[pick(rng, seeds.size())].dump(), rng);
         check(text, "fuzz-" + std::to_string(i) + ".json", false);
       });
-  EXPECT_GE(runs, 1000u);
+  if (!ipupod::fuzz::replaying()) {
+    EXPECT_GE(runs, 1000u);
+  }
 }
 
 // The counts and reals of a run set to extreme values: validate() accepts only runs whose counts

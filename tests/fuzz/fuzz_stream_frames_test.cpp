@@ -109,7 +109,9 @@ TEST(FuzzStreamFrames, MutatedFramesDecodeExactlyOrAreRefusedWithAReason) {
         const std::uint64_t bound = pick(rng, 4) == 0 ? pick(rng, 64) : kMaxPayloadBytes;
         check_one(input, bound);
       });
-  EXPECT_GE(runs, 1000u);
+  if (!ipupod::fuzz::replaying()) {
+    EXPECT_GE(runs, 1000u);
+  }
 }
 
 // read_frame as a connection calls it: the reader may fail at any point (the peer went away) and

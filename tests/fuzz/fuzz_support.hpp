@@ -35,6 +35,11 @@ inline double budget_seconds() {
   return value && *value ? std::strtod(value, nullptr) : 1.0;
 }
 
+// True when IPUPOD_FUZZ_ITERATION replays one input (the loops' minimum counts do not apply).
+inline bool replaying() {
+  return std::getenv("IPUPOD_FUZZ_ITERATION") != nullptr;
+}
+
 // Runs `one(iteration, rng)` for inputs 0, 1, ... until `max_iterations` or the time budget,
 // each with its own generator seeded from (seed, iteration) so that one input can be replayed.
 // A failed expectation stops the loop and names the input. Returns the inputs run.
