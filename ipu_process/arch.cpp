@@ -124,8 +124,13 @@ std::string brief(const std::string& text) {
 // A value as an error message shows it: lists and objects are described, not printed (one nested
 // deeply would overflow the stack of dump(), a long one would drown the message).
 std::string shown(const nlohmann::json& value) {
-  if (value.is_array()) return "a list of " + std::to_string(value.size()) + " value(s)";
-  if (value.is_object()) return "an object of " + std::to_string(value.size()) + " field(s)";
+  // A short flat list or object is printed as it is (dump() recurses only one level).
+  const bool flat =
+      value.size() <= 16 &&
+      std::all_of(value.begin(), value.end(), [](const auto& v) { return v.is_primitive(); });
+  if (value.is_array() && !flat) return "a list of " + std::to_string(value.size()) + " value(s)";
+  if (value.is_object() && !flat)
+    return "an object of " + std::to_string(value.size()) + " field(s)";
   std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   constexpr std::size_t kShownChars = 64;
   if (text.size() > kShownChars) text = text.substr(0, kShownChars) + "...";

@@ -1,6 +1,7 @@
 // Validation of the training configuration with messages a user can act on.
 #include "pod/config.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -272,8 +273,13 @@ std::string brief(const std::string& text) {
 }
 
 std::string shown_json(const nlohmann::json& value) {
-  if (value.is_array()) return "a list of " + std::to_string(value.size()) + " value(s)";
-  if (value.is_object()) return "an object of " + std::to_string(value.size()) + " field(s)";
+  // A short flat list or object is printed as it is (dump() recurses only one level).
+  const bool flat =
+      value.size() <= 16 &&
+      std::all_of(value.begin(), value.end(), [](const auto& v) { return v.is_primitive(); });
+  if (value.is_array() && !flat) return "a list of " + std::to_string(value.size()) + " value(s)";
+  if (value.is_object() && !flat)
+    return "an object of " + std::to_string(value.size()) + " field(s)";
   std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   constexpr std::size_t kShownChars = 64;
   if (text.size() > kShownChars) text = text.substr(0, kShownChars) + "...";
