@@ -413,9 +413,13 @@ TEST_F(PodResume, KilledRanksEndTheJobPromptlyAndResumingEndsIdentically) {
     ASSERT_FALSE(ended_early) << read_log();
     std::this_thread::sleep_for(delay);
     const std::map<int, pid_t> pids = rank_pids(mpirun);
-    ASSERT_EQ(pids.count(rank), 1u) << "rank " << rank << " not found";
-    if (kill(pids.at(rank), SIGKILL) != 0) {  // it had just ended: the job is finishing
-      reap(std::chrono::seconds(60));
+    // On a fast machine the job may be ending already (its ranks gone, or going): then it must
+    // end as a run never killed.
+    if (pids.count(rank) == 0 || kill(pids.at(rank), SIGKILL) != 0) {
+      const int status = reap(std::chrono::seconds(60));
+      ASSERT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+          << "rank " << rank << " is not running, yet the job did not end well:\n"
+          << read_log();
       continue;
     }
     const auto killed = std::chrono::steady_clock::now();
