@@ -133,6 +133,12 @@ class Engine {
   void bind_collectives(CollectiveBinding binding) { collectives_ = std::move(binding); }
 
   void run(const std::string& program);
+  // Times a program without running it: the same walk and the same cycles as run() (bound
+  // collectives are asked only for their predicted times; the external sync is called as in a
+  // run), with no codelet, copy or stream. Works on an engine built to plan only and on one
+  // that does not fit; a program that branches on device data cannot be timed (logic_error).
+  // Returns the program's cycles, which are also added to cycles().
+  CycleBreakdown time(const std::string& program);
   const CycleBreakdown& cycles() const { return cycles_; }  // accumulated over every run
   const std::vector<TraceEvent>& trace() const { return trace_; }
   double seconds(const CycleBreakdown& c) const;  // on the preset's clock
@@ -177,6 +183,9 @@ class Engine {
   void run_tile(const Node& step, std::size_t tile, std::uint64_t run) const;
   // The cycles of an exchange-and-compute step: sync, exchange, compute, sync.
   void account_tile_step(const Node& step);
+  void account_transfer(const Node& node);
+  void account_all_reduce(const Node& node);
+  void account_host_stream(const Node& node);
 
   Engine(const Graph& graph, Graph* releasable, std::map<std::string, Program> programs,
          EngineOptions options);
@@ -217,6 +226,7 @@ class Engine {
   std::map<std::string, std::function<void(std::span<const std::byte>)>> outputs_;
   CollectiveBinding collectives_;
   CycleBreakdown cycles_;
+  bool timing_only_ = false;            // inside time(): account, move no data
   std::uint64_t compute_set_runs_ = 0;  // executions so far, keys stochastic rounding
   std::vector<TraceEvent> trace_;
   std::vector<std::byte> staging_;

@@ -94,6 +94,16 @@ void validate_pipeline(const TrainConfig& c) {
 }
 
 void validate(const TrainConfig& c, int world_size) {
+  if (c.data.empty()) throw UsageError("--data is required: an HDF5 file made by `ipupod data`");
+  validate_job(c);
+  if (world_size != static_cast<int>(c.world_size()))
+    throw UsageError("the MPI world has " + std::to_string(world_size) + " ranks, but 1 host + " +
+                     std::to_string(c.replicas) + " replicas x " + std::to_string(c.stages) +
+                     " stages needs " + std::to_string(c.world_size()) + "; run with `mpirun -n " +
+                     std::to_string(c.world_size()) + " ipupod train ...`");
+}
+
+void validate_job(const TrainConfig& c) {
   validate_counts(c);
   const auto finite_in = [](double v, double min, double max, const char* option) {
     if (!(std::isfinite(v) && v > min && v <= max))
@@ -110,7 +120,6 @@ void validate(const TrainConfig& c, int world_size) {
   if (c.shuffle_window > 0 && !c.shuffle)
     throw UsageError("--shuffle-window " + std::to_string(c.shuffle_window) +
                      " shuffles in windows, --no-shuffle reads in file order; drop one of them");
-  if (c.data.empty()) throw UsageError("--data is required: an HDF5 file made by `ipupod data`");
   bool known_model = false;
   std::string models;
   for (const auto& e : models::zoo()) {
@@ -174,11 +183,6 @@ void validate(const TrainConfig& c, int world_size) {
                      "'");
   if (c.lr_schedule != "constant" && c.lr_schedule != "step" && c.lr_schedule != "cosine")
     throw UsageError("--lr-schedule must be constant, step or cosine, got '" + c.lr_schedule + "'");
-  if (world_size != static_cast<int>(c.world_size()))
-    throw UsageError("the MPI world has " + std::to_string(world_size) + " ranks, but 1 host + " +
-                     std::to_string(c.replicas) + " replicas x " + std::to_string(c.stages) +
-                     " stages needs " + std::to_string(c.world_size()) + "; run with `mpirun -n " +
-                     std::to_string(c.world_size()) + " ipupod train ...`");
 }
 
 nlohmann::json config_json(const TrainConfig& c) {

@@ -91,6 +91,8 @@ void validate_counts(const TrainConfig& config);
 void validate_pipeline(const TrainConfig& config);
 // Checks the options on their own and against the MPI world size; throws UsageError.
 void validate(const TrainConfig& config, int world_size);
+// The same without the data file and the world size (what `ipupod estimate` checks).
+void validate_job(const TrainConfig& config);
 
 // The options that shape the numbers of a run, as JSON (summary.json and checkpoints).
 nlohmann::json config_json(const TrainConfig& config);

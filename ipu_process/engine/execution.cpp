@@ -56,6 +56,10 @@ void Engine::run_tile(const Node& step, std::size_t tile, std::uint64_t run) con
 
 void Engine::execute_tile_groups(const Node& node) {
   const auto& steps = node.children;
+  if (timing_only_) {
+    for (const Node& step : steps) account_tile_step(step);
+    return;
+  }
   std::vector<std::uint64_t> runs(steps.size());
   for (auto& run : runs) run = compute_set_runs_++;
   pool_->parallel_for(node.group_begin.size() - 1, [&](std::size_t b, std::size_t e) {
@@ -75,6 +79,33 @@ void Engine::account_tile_step(const Node& step) {
   account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");
 }
 
+// The predicted costs of a transfer from another IPU, an all-reduce and a host stream: the same
+// whether the engine runs the program or only times it.
+void Engine::account_transfer(const Node& node) {
+  const double seconds = collectives_.predict_transfer_seconds
+                             ? collectives_.predict_transfer_seconds(node.peer, node.bytes)
+                             : 0.0;
+  account("fabric", &CycleBreakdown::fabric,
+          static_cast<std::uint64_t>(std::ceil(seconds * graph_.arch().clock_hz)), node.name);
+}
+
+void Engine::account_all_reduce(const Node& node) {
+  if (!collectives_.predict_seconds)
+    throw std::logic_error("all_reduce program run without a fabric binding");
+  account("fabric", &CycleBreakdown::fabric,
+          static_cast<std::uint64_t>(
+              std::ceil(collectives_.predict_seconds(node.bytes) * graph_.arch().clock_hz)),
+          node.name);
+}
+
+void Engine::account_host_stream(const Node& node) {
+  const ArchPreset& arch = graph_.arch();
+  account("host", &CycleBreakdown::host,
+          static_cast<std::uint64_t>(std::ceil(static_cast<double>(node.bytes) /
+                                               arch.host_link_bytes_per_s * arch.clock_hz)),
+          node.name);
+}
+
 void Engine::execute(const Node& node) {
   const ArchPreset& arch = graph_.arch();
   switch (node.kind) {
@@ -89,6 +120,7 @@ void Engine::execute(const Node& node) {
       for (std::uint64_t i = 0; i < node.count; ++i) execute(node.children[0]);
       break;
     case Program::Kind::repeat_while_true:
+      if (timing_only_) throw std::logic_error("cannot time a loop that tests device data");
       // Each test of the predicate is a sync: every tile must agree on the branch.
       for (;;) {
         execute(node.children[0]);
@@ -98,11 +130,21 @@ void Engine::execute(const Node& node) {
       }
       break;
     case Program::Kind::if_else:
+      if (timing_only_) throw std::logic_error("cannot time a branch on device data");
       account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "predicate");
       execute(node.children[predicate(node) ? 0 : 1]);
       break;
     case Program::Kind::execute: {
       const CompiledComputeSet& cs = *compute_sets_[node.index];
+      if (timing_only_) {
+        if (node.exchange) {
+          account_tile_step(node);
+        } else {
+          account("compute", &CycleBreakdown::compute, cs.cycles, node.name);
+          account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");
+        }
+        break;
+      }
       const std::uint64_t run = compute_set_runs_++;
       if (node.exchange) {
         // The exchange before it and the compute set, tile by tile: a tile's operands are still
@@ -123,7 +165,8 @@ void Engine::execute(const Node& node) {
     }
     case Program::Kind::copy: {
       const CompiledExchange& ex = *exchanges_[node.index];
-      if (ex.tile_begin.empty()) {
+      if (timing_only_) {
+      } else if (ex.tile_begin.empty()) {
         for (const auto& tr : ex.transfers) ex.run(tr);
       } else {  // no transfer reads what another writes: the tiles fill at once
         pool_->parallel_for(arch.tiles, [&](std::size_t b, std::size_t e) {
@@ -151,6 +194,10 @@ void Engine::execute(const Node& node) {
       break;
     case Program::Kind::send:
     case Program::Kind::receive: {
+      if (timing_only_) {
+        if (node.kind == Program::Kind::receive) account_transfer(node);
+        break;
+      }
       if (!collectives_.send || !collectives_.receive)
         throw std::logic_error("send/receive program run without a fabric binding");
       staging_.resize(node.bytes);
@@ -161,30 +208,28 @@ void Engine::execute(const Node& node) {
       } else {
         collectives_.receive(node.peer, node.tag, staging_);
         scatter_pieces(node.pieces, esize, staging_);
-        const double seconds = collectives_.predict_transfer_seconds
-                                   ? collectives_.predict_transfer_seconds(node.peer, node.bytes)
-                                   : 0.0;
-        account("fabric", &CycleBreakdown::fabric,
-                static_cast<std::uint64_t>(std::ceil(seconds * arch.clock_hz)), node.name);
+        account_transfer(node);
       }
       break;
     }
     case Program::Kind::reduce_scatter:
     case Program::Kind::all_gather: {
       const bool scatter = node.kind == Program::Kind::reduce_scatter;
-      if (scatter ? !collectives_.reduce_scatter : !collectives_.all_gather)
+      if (!timing_only_ && (scatter ? !collectives_.reduce_scatter : !collectives_.all_gather))
         throw std::logic_error(node.name + " program run without a fabric binding");
       account("sync", &CycleBreakdown::sync, arch.sync_cycles_external, "external sync");
-      staging_.resize(node.bytes);
-      std::vector<float> out(node.out_bytes / sizeof(float));
-      gather_pieces(node.pieces, sizeof(float), staging_);
-      const std::span<const float> in(reinterpret_cast<const float*>(staging_.data()),
-                                      node.bytes / sizeof(float));
-      if (scatter)
-        collectives_.reduce_scatter(in, out, node.op);
-      else
-        collectives_.all_gather(in, out);
-      scatter_pieces(node.out_pieces, sizeof(float), std::as_bytes(std::span(out)));
+      if (!timing_only_) {
+        staging_.resize(node.bytes);
+        std::vector<float> out(node.out_bytes / sizeof(float));
+        gather_pieces(node.pieces, sizeof(float), staging_);
+        const std::span<const float> in(reinterpret_cast<const float*>(staging_.data()),
+                                        node.bytes / sizeof(float));
+        if (scatter)
+          collectives_.reduce_scatter(in, out, node.op);
+        else
+          collectives_.all_gather(in, out);
+        scatter_pieces(node.out_pieces, sizeof(float), std::as_bytes(std::span(out)));
+      }
       // Both are charged for the whole buffer: reduce_scatter's input, all_gather's output.
       const auto& predict = scatter ? collectives_.predict_reduce_scatter_seconds
                                     : collectives_.predict_all_gather_seconds;
@@ -196,6 +241,14 @@ void Engine::execute(const Node& node) {
     case Program::Kind::stream_to_device:
     case Program::Kind::stream_from_device:
     case Program::Kind::all_reduce: {
+      if (timing_only_) {
+        account("sync", &CycleBreakdown::sync, arch.sync_cycles_external, "external sync");
+        if (node.kind == Program::Kind::all_reduce)
+          account_all_reduce(node);
+        else
+          account_host_stream(node);
+        break;
+      }
       staging_.resize(node.bytes);
       const std::size_t esize = dtype_size(node.dtype);
       const auto scatter = [&] { scatter_pieces(node.pieces, esize, staging_); };
@@ -210,10 +263,7 @@ void Engine::execute(const Node& node) {
             std::span(reinterpret_cast<float*>(staging_.data()), node.bytes / sizeof(float)),
             node.op);
         scatter();
-        account("fabric", &CycleBreakdown::fabric,
-                static_cast<std::uint64_t>(
-                    std::ceil(collectives_.predict_seconds(node.bytes) * arch.clock_hz)),
-                node.name);
+        account_all_reduce(node);
         break;
       }
       if (node.kind == Program::Kind::stream_to_device) {
@@ -229,10 +279,7 @@ void Engine::execute(const Node& node) {
         gather();
         it->second(staging_);
       }
-      account("host", &CycleBreakdown::host,
-              static_cast<std::uint64_t>(std::ceil(static_cast<double>(node.bytes) /
-                                                   arch.host_link_bytes_per_s * arch.clock_hz)),
-              node.name);
+      account_host_stream(node);
       break;
     }
   }
@@ -258,6 +305,21 @@ void Engine::run(const std::string& program) {
   auto it = programs_.find(program);
   if (it == programs_.end()) throw std::invalid_argument("no program named '" + program + "'");
   execute(*it->second);
+}
+
+CycleBreakdown Engine::time(const std::string& program) {
+  auto it = programs_.find(program);
+  if (it == programs_.end()) throw std::invalid_argument("no program named '" + program + "'");
+  const CycleBreakdown before = cycles_;
+  timing_only_ = true;
+  try {
+    execute(*it->second);
+  } catch (...) {
+    timing_only_ = false;
+    throw;
+  }
+  timing_only_ = false;
+  return cycles_ - before;
 }
 
 double Engine::seconds(const CycleBreakdown& c) const {

@@ -1,4 +1,4 @@
-// The `ipupod` command: git-style subcommands train, compile, info, data and bench.
+// The `ipupod` command: git-style subcommands train, compile, estimate, info, data and bench.
 // Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad input.
 #include <mpi.h>
 
@@ -16,6 +16,7 @@
 #include "fabric/error.hpp"
 #include "pod/cli/bench.hpp"
 #include "pod/cli/compile_command.hpp"
+#include "pod/cli/estimate_command.hpp"
 #include "pod/cli/info.hpp"
 #include "pod/cli/option_checks.hpp"
 #include "pod/config.hpp"
@@ -279,7 +280,9 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
       "  mpirun -n 3 ipupod train --model mlp --data fashion-mnist.h5 --replicas 2");
 }
 
-CLI::Option* add_compile_options(CLI::App& compile, ipupod::pod::CompileConfig& c) {
+// The options of a compile without data (compile and estimate): the model's options, the
+// data's sample shape and classes, the seed. Returns --gradient-accumulation.
+CLI::Option* add_dataless_options(CLI::App& compile, ipupod::pod::CompileConfig& c) {
   CLI::Option* accumulation = add_model_options(compile, c.train);
   accumulation->default_str("stages")->description(
       "Micro-batches per optimizer step (default: --stages, the fewest the grouped pipeline "
@@ -292,14 +295,19 @@ CLI::Option* add_compile_options(CLI::App& compile, ipupod::pod::CompileConfig& 
   compile.add_option("--classes", c.classes, "Classes of a classifier's output layer")
       ->check(whole_number(1, kMaxCount))
       ->capture_default_str();
+  compile.add_option("--seed", c.train.seed, "Seed of weight initialisation")
+      ->check(whole_number(0))
+      ->capture_default_str();
+  return accumulation;
+}
+
+CLI::Option* add_compile_options(CLI::App& compile, ipupod::pod::CompileConfig& c) {
+  CLI::Option* accumulation = add_dataless_options(compile, c);
   compile
       .add_option("--stage", c.only_stages,
                   "Compile only this stage (repeatable; default: every stage), e.g. one stage "
                   "per job when memory is short")
       ->check(whole_number(0, kMaxCount - 1));
-  compile.add_option("--seed", c.train.seed, "Seed of weight initialisation")
-      ->check(whole_number(0))
-      ->capture_default_str();
   compile.add_option("--run-dir", c.train.run_dir, "Directory for memory.json and compile.json")
       ->capture_default_str();
   compile.footer(
@@ -307,6 +315,52 @@ CLI::Option* add_compile_options(CLI::App& compile, ipupod::pod::CompileConfig& 
       "r + size, ...), with out of memory allowed, and prints per stage whether it fits.\n"
       "Exit code 0: every stage fits; 1: a stage does not fit (reports written) or failure.\n"
       "  ipupod compile --model resnet50 --stages 4 --arch mk2 --micro-batch 1 --classes 1000");
+  return accumulation;
+}
+
+CLI::Option* add_estimate_options(CLI::App& estimate, ipupod::pod::EstimateConfig& c) {
+  CLI::Option* accumulation = add_dataless_options(estimate, c.compile);
+  TrainConfig& t = c.compile.train;
+  estimate.add_option("--topology", t.topology, "Pod topology preset or JSON file")
+      ->capture_default_str();
+  estimate
+      .add_option("--replicas", t.replicas, "Data-parallel replicas (PopTorch replicationFactor)")
+      ->check(whole_number(1, kMaxCount))
+      ->capture_default_str();
+  estimate.add_flag("--replicated-tensor-sharding", t.replicated_tensor_sharding,
+                    "Each replica keeps 1/R of the optimizer state (as train)");
+  estimate
+      .add_option("--host-input-rate", c.host_input_rate,
+                  "Samples/s one host server decodes and augments in the real data format "
+                  "(0: not modelled)")
+      ->check(finite_number({.min = 0}))
+      ->capture_default_str();
+  estimate
+      .add_option("--hosts", c.hosts,
+                  "Host servers feeding the job (0: one per 16 IPUs, as a POD16 has one)")
+      ->check(whole_number(0, kMaxCount))
+      ->capture_default_str();
+  estimate
+      .add_option("--steps", c.steps,
+                  "Host steps timed after the warm-up; the prediction is their mean")
+      ->check(whole_number(1, 1000))
+      ->capture_default_str();
+  estimate
+      .add_option("--warm-up-steps", c.warm_up_steps,
+                  "Host steps timed first and left out (a pipeline's first step starts with "
+                  "every stage at once; train's prediction is the mean over all its steps)")
+      ->check(whole_number(0, 1000))
+      ->capture_default_str();
+  estimate.add_option("--run-dir", t.run_dir, "Directory for estimate.json and memory.json")
+      ->capture_default_str();
+  estimate.footer(
+      "Compiles each stage once (replicas share it; under mpirun, rank r takes stages r,\n"
+      "r + size, ...), runs no codelet, and times the training program's host steps with the\n"
+      "cycles training would count: the stages' compute sets, exchanges and syncs, the\n"
+      "pipeline's waits, the gradient all-reduce on the topology's links, the host streams.\n"
+      "Exit code 0: every stage fits; 1: a stage does not fit (estimate written) or failure.\n"
+      "  ipupod estimate --model resnet50 --stages 4 --replicas 4 --topology pod16 \\\n"
+      "      --micro-batch 4 --gradient-accumulation 16 --classes 1000");
   return accumulation;
 }
 
@@ -333,6 +387,14 @@ int main(int argc, char** argv) {
       "Compile a model's pipeline stages for an architecture and report whether they fit");
   CLI::Option* compile_accumulation = add_compile_options(*compile, compile_config);
   add_config_file_option(*compile);
+
+  ipupod::pod::EstimateConfig estimate_config;
+  estimate_config.compile.train.micro_batch = 1;
+  estimate_config.compile.train.run_dir = "estimate";
+  CLI::App* estimate = app.add_subcommand(
+      "estimate", "Predict a job's speed on a pod and what bounds it, compiling without running");
+  CLI::Option* estimate_accumulation = add_estimate_options(*estimate, estimate_config);
+  add_config_file_option(*estimate);
 
   ipupod::pod::InfoRequest info_request;
   CLI::App* info = app.add_subcommand("info", "List architectures, topologies, codelets, models");
@@ -397,6 +459,14 @@ int main(int argc, char** argv) {
       compile_config.train.gradient_accumulation =
           std::max<std::size_t>(1, compile_config.train.stages);
     const int code = ipupod::pod::run_compile(compile_config, MPI_COMM_WORLD);
+    MPI_Finalize();
+    return code;
+  }
+  if (*estimate) {
+    if (estimate_accumulation->count() == 0)
+      estimate_config.compile.train.gradient_accumulation =
+          std::max<std::size_t>(1, estimate_config.compile.train.stages);
+    const int code = ipupod::pod::run_estimate(estimate_config, MPI_COMM_WORLD);
     MPI_Finalize();
     return code;
   }

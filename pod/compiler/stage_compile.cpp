@@ -129,7 +129,8 @@ void validate(const CompileConfig& c) {
   check_stage_count(c.train, model);
 }
 
-nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ostream* progress) {
+nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ostream* progress,
+                             const std::function<void(ipu::Engine&)>& use_engine) {
   const ipu::ArchPreset& arch = ipu::ArchPreset::get(c.train.arch);
   const auto start = std::chrono::steady_clock::now();
   const bool peak_of_stage = reset_peak_resident();
@@ -155,12 +156,13 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
       compile_for_ipu(model, arch,
                       {.gradient_accumulation = c.train.gradient_accumulation,
                        .device_iterations = c.train.device_iterations,
-                       .replicas = 1,
+                       .replicas = c.train.replicas,
                        .stages = c.train.stages,
                        .stage = stage,
                        .grouped = c.train.pipeline_schedule == "grouped",
                        .recompute = c.train.recompute,
                        .float16 = c.train.precision == "fp16",
+                       .replicated_tensor_sharding = c.train.replicated_tensor_sharding,
                        .available_memory_proportion = c.train.available_memory_proportion,
                        .plan_only = true},
                       &eval_model, lowered);
@@ -169,9 +171,10 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
   const auto engine_start = std::chrono::steady_clock::now();
   // Out of memory allowed: the report of a stage that does not fit is the point. A plan: the
   // same memory layout and cycles as a training rank's engine, without its tile memory.
-  const ipu::Engine engine(*compiled.graph, compiled.programs,
-                           {.allow_out_of_memory = true, .executable = false});
+  ipu::Engine engine(*compiled.graph, compiled.programs,
+                     {.allow_out_of_memory = true, .executable = false});
   const double engine_seconds = seconds_since(engine_start);
+  if (use_engine) use_engine(engine);
 
   const ipu::Graph& g = *compiled.graph;
   std::size_t stash_bytes = 0, vertices = 0, regions = 0, intervals = 0;
@@ -213,9 +216,9 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
 }
 
 void print_compile_report(const CompileConfig& c, const std::vector<nlohmann::json>& stages,
-                          std::ostream& out) {
+                          std::ostream& out, const char* command) {
   const ipu::ArchPreset& arch = ipu::ArchPreset::get(c.train.arch);
-  out << "ipupod compile: " << c.train.model << " in " << c.train.stages << " stage"
+  out << "ipupod " << command << ": " << c.train.model << " in " << c.train.stages << " stage"
       << (c.train.stages == 1 ? "" : "s") << " on " << arch.name << " (" << arch.tiles
       << " tiles x " << kib(arch.bytes_per_tile) << " = " << mib(arch.bytes_per_ipu())
       << " per IPU), micro-batch " << c.train.micro_batch << ", gradient accumulation "

@@ -3,11 +3,13 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <iosfwd>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "ipu_process/engine.hpp"
 #include "pod/config.hpp"
 
 namespace ipupod::pod {
@@ -30,11 +32,13 @@ void validate(const CompileConfig& config);
 // With `progress`, prints where the compile stands every few seconds (phase, ops lowered of
 // the phase's total, the op, elapsed seconds, resident memory), so a long compile never looks
 // like a hang.
+// `use_engine`, when given, is called with the stage's engine (a plan) before it goes.
 nlohmann::json compile_stage(const CompileConfig& config, std::size_t stage,
-                             std::ostream* progress = nullptr);
+                             std::ostream* progress = nullptr,
+                             const std::function<void(ipu::Engine&)>& use_engine = {});
 
 // Prints the per-stage table, the worst tiles of each stage that does not fit and advice.
 void print_compile_report(const CompileConfig& config, const std::vector<nlohmann::json>& stages,
-                          std::ostream& out);
+                          std::ostream& out, const char* command = "compile");
 
 }  // namespace ipupod::pod

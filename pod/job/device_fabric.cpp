@@ -26,37 +26,23 @@ std::vector<int> pipeline_ranks(const TrainConfig& config, const IpuPlace& place
 DeviceFabric::DeviceFabric(const TrainConfig& config, const IpuPlace& place, MPI_Comm world,
                            MPI_Comm replicas)
     : config_(config),
-      place_(place),
-      topology_(fabric::Topology::preset(config.topology)),
+      costs_(config, place),
       replica_group_(replicas),
       world_(world),
-      pipeline_(world_, pipeline_ranks(config, place)) {
-  // The fabric picks the algorithm for the topology (ring, bidirectional ring, hierarchical)
-  // and the device is charged that algorithm's predicted time on the real links.
-  collective_options_.topology = &topology_;
-  for (std::size_t r = 0; r < config.replicas; ++r)  // IPUs of this stage's replicas
-    collective_options_.ipus.push_back(static_cast<int>(r * config.stages) + place.stage);
-}
+      pipeline_(world_, pipeline_ranks(config, place)) {}
 
 ipu::CollectiveBinding DeviceFabric::binding() {
   ipu::CollectiveBinding b;
+  costs_.bind_predictions(b);
   b.all_reduce = [this](std::span<float> data, ipu::CollectiveOp op) { all_reduce(data, op); };
-  b.predict_seconds = [this](std::size_t bytes) {
-    return predict_seconds(fabric::Collective::all_reduce, bytes);
-  };
   // Replicated tensor sharding: block r of the buffer is replica r's (transport rank r).
   b.reduce_scatter = [this](std::span<const float> input, std::span<float> block,
                             ipu::CollectiveOp op) {
-    fabric::reduce_scatter(replica_group_, input, block, reduce_op(op), collective_options_);
+    fabric::reduce_scatter(replica_group_, input, block, reduce_op(op),
+                           costs_.collective_options());
   };
   b.all_gather = [this](std::span<const float> block, std::span<float> output) {
-    fabric::all_gather(replica_group_, block, output, collective_options_);
-  };
-  b.predict_reduce_scatter_seconds = [this](std::size_t bytes) {
-    return predict_seconds(fabric::Collective::reduce_scatter, bytes);
-  };
-  b.predict_all_gather_seconds = [this](std::size_t bytes) {
-    return predict_seconds(fabric::Collective::all_gather, bytes);
+    fabric::all_gather(replica_group_, block, output, costs_.collective_options());
   };
   b.send = [this](unsigned peer, unsigned tag, std::span<const std::byte> bytes) {
     send(peer, tag, bytes);
@@ -64,21 +50,12 @@ ipu::CollectiveBinding DeviceFabric::binding() {
   b.receive = [this](unsigned peer, unsigned tag, std::span<std::byte> bytes) {
     receive(peer, tag, bytes);
   };
-  b.predict_transfer_seconds = [this](unsigned peer, std::size_t bytes) {
-    return predict_transfer_seconds(peer, bytes);
-  };
   b.external_sync = [this](std::uint64_t cycles) { return external_sync(cycles); };
   return b;
 }
 
 void DeviceFabric::all_reduce(std::span<float> data, ipu::CollectiveOp op) {
-  fabric::all_reduce(replica_group_, data, reduce_op(op), collective_options_);
-}
-
-double DeviceFabric::predict_seconds(fabric::Collective collective, std::size_t bytes) const {
-  return fabric::predict(collective, fabric::DataType::float32, bytes / sizeof(float),
-                         static_cast<int>(config_.replicas), collective_options_)
-      .predicted_seconds;
+  fabric::all_reduce(replica_group_, data, reduce_op(op), costs_.collective_options());
 }
 
 void DeviceFabric::complete_sends(bool all) {
@@ -109,13 +86,6 @@ void DeviceFabric::receive(unsigned peer, unsigned tag, std::span<std::byte> byt
     throw std::runtime_error("pipeline transfer " + std::to_string(tag) + " from stage " +
                              std::to_string(peer) + ": " + e.what());
   }
-}
-
-double DeviceFabric::predict_transfer_seconds(unsigned peer, std::size_t bytes) const {
-  const int peer_ipu = place_.replica * static_cast<int>(config_.stages) + static_cast<int>(peer);
-  if (peer_ipu == place_.ipu) return 0.0;
-  const fabric::LinkClass& link = topology_.link(place_.ipu, peer_ipu);
-  return link.latency_s + static_cast<double>(bytes) / link.bandwidth_bytes_per_s;
 }
 
 // Each stage sends its clock to every other stage of the replica and takes the latest: the

@@ -15,6 +15,7 @@
 #include "fabric/topology.hpp"
 #include "ipu_process/engine.hpp"
 #include "pod/config.hpp"
+#include "pod/job/fabric_costs.hpp"
 #include "pod/job/protocol.hpp"
 
 namespace ipupod::pod {
@@ -43,21 +44,17 @@ class DeviceFabric {
 
  private:
   void all_reduce(std::span<float> data, ipu::CollectiveOp op);
-  double predict_seconds(fabric::Collective collective, std::size_t bytes) const;
   void send(unsigned peer, unsigned tag, std::span<const std::byte> bytes);
   void receive(unsigned peer, unsigned tag, std::span<std::byte> bytes);
-  double predict_transfer_seconds(unsigned peer, std::size_t bytes) const;
   std::uint64_t external_sync(std::uint64_t cycles);
   // Forgets the sends that have left; all: waits for every one.
   void complete_sends(bool all);
 
   const TrainConfig& config_;
-  IpuPlace place_;
-  fabric::Topology topology_;
+  FabricCosts costs_;
   fabric::MpiTransport replica_group_;
   fabric::MpiTransport world_;
   fabric::SubsetTransport pipeline_;
-  fabric::CollectiveOptions collective_options_;
   // Pipeline sends copy their bytes and complete in the background: a stage never waits on its
   // successor to post a receive.
   struct PendingSend {

@@ -1,0 +1,201 @@
+// `ipupod estimate`: its prediction is train's (one cost model: the same compiled programs and
+// cycle accounting, timed instead of run), the pipeline's waits are played as the engine's
+// external syncs release them, and the bound it names is the part that takes longest.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "pod/job/step_timing.hpp"
+#include "tests/pod/run_command.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+using ipupod::ipu::CycleBreakdown;
+using ipupod::pod::play_pipeline;
+using ipupod::pod::StageTiming;
+using ipupod::testing_support::Result;
+using ipupod::testing_support::run;
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  return nlohmann::json::parse(in);
+}
+
+// A grouped pipeline by hand: G micro-batches over S stages in G + S - 1 slots, stage s busy
+// for `busy` cycles in slots s .. s + G - 1 and idle in the others, an external sync after
+// every slot. Stage 0 ends after (G + S - 1) x busy cycles, of which (S - 1) x busy waiting:
+// the pipeline's bubble.
+TEST(PlayPipeline, TheGroupedPipelinesBubbleIsTheRampOfItsStages) {
+  const std::size_t micro_batches = 5, stages = 3, slots = micro_batches + stages - 1;
+  const std::uint64_t busy = 1000;
+  std::vector<StageTiming> timings(stages);
+  for (std::size_t s = 0; s < stages; ++s) {
+    CycleBreakdown clock;
+    for (std::size_t slot = 0; slot < slots; ++slot) {
+      if (slot >= s && slot < s + micro_batches) clock.compute += busy;
+      timings[s].at_syncs.push_back(clock);
+    }
+    timings[s].step_ends.push_back(clock);
+    timings[s].syncs_at_step_ends.push_back(slots);
+    timings[s].collectives_at_step_ends.push_back(0);
+  }
+  const auto played = play_pipeline(timings);
+  for (std::size_t s = 0; s < stages; ++s) {
+    const auto step = played.steps(s, 0, 1);
+    EXPECT_EQ(step.cycles.compute, micro_batches * busy) << s;
+    EXPECT_EQ(step.waits, (stages - 1) * busy) << s;
+    EXPECT_EQ(step.cycles.total(), slots * busy) << s;
+  }
+}
+
+// Stages that do not reach the same syncs cannot be one pipeline.
+TEST(PlayPipeline, StagesWithDifferentSyncsAreRefused) {
+  std::vector<StageTiming> timings(2);
+  timings[0].at_syncs = {CycleBreakdown{.compute = 1}};
+  timings[0].step_ends = {CycleBreakdown{.compute = 1}};
+  timings[0].syncs_at_step_ends = {1};
+  timings[0].collectives_at_step_ends = {0};
+  timings[1].step_ends = {CycleBreakdown{.compute = 1}};
+  timings[1].syncs_at_step_ends = {0};
+  timings[1].collectives_at_step_ends = {0};
+  EXPECT_THROW(play_pipeline(timings), std::invalid_argument);
+}
+
+std::string mpirun(int ranks) {
+  return std::string(IPUPOD_MPIEXEC) + " -n " + std::to_string(ranks) +
+         " --oversubscribe --allow-run-as-root " + IPUPOD_BINARY + " ";
+}
+
+class PodEstimate : public ::testing::Test {
+ protected:
+  static constexpr std::size_t kTrainSamples = 768;
+  static fs::path dir() {
+    return fs::temp_directory_path() / ("ipupod_pod_estimate_" + std::to_string(getpid()));
+  }
+  static fs::path data() { return dir() / "fashion-mnist-small.h5"; }
+  static void SetUpTestSuite() {
+    fs::create_directories(dir());
+    const Result r =
+        run(std::string(IPUPOD_BINARY) + " data fashion-mnist --out " + data().string() +
+            " --limit-train " + std::to_string(kTrainSamples) + " --limit-test 64");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir()); }
+};
+
+// For jobs train can run here (data parallel, pipelined, both; with accumulation and device
+// iterations), the estimate is train's predicted samples/s: exactly when it times the same
+// steps (no warm-up, as many steps as the epoch), within 1% with its defaults (the steady
+// steps after a warm-up one).
+TEST_F(PodEstimate, EqualsTrainsPredictionOnJobsTrainCanRun) {
+  struct Job {
+    std::size_t replicas, stages, accumulation, iterations;
+  };
+  for (const Job& job : {Job{1, 1, 1, 1}, Job{2, 1, 2, 2}, Job{1, 2, 3, 1}, Job{2, 2, 2, 2}}) {
+    const std::string name = std::to_string(job.replicas) + "x" + std::to_string(job.stages) +
+                             "-g" + std::to_string(job.accumulation) + "-d" +
+                             std::to_string(job.iterations);
+    const std::size_t micro_batch = 8;
+    const std::string options =
+        " --model mlp --hidden 24 --arch tiny --topology m2000 --micro-batch " +
+        std::to_string(micro_batch) + " --replicas " + std::to_string(job.replicas) + " --stages " +
+        std::to_string(job.stages) + " --gradient-accumulation " +
+        std::to_string(job.accumulation) + " --device-iterations " + std::to_string(job.iterations);
+    const fs::path train_dir = dir() / ("train-" + name);
+    const Result trained =
+        run(mpirun(static_cast<int>(1 + job.replicas * job.stages)) + "train --data " +
+            data().string() + " --epochs 1 --run-dir " + train_dir.string() + options);
+    ASSERT_EQ(trained.exit_code, 0) << trained.output;
+    const double train_predicted =
+        read_json(train_dir / "summary.json").at("predicted_ipu_samples_per_s");
+    ASSERT_GT(train_predicted, 0) << name;
+    const std::size_t steps =
+        kTrainSamples / (micro_batch * job.accumulation * job.iterations * job.replicas);
+
+    const fs::path same_steps = dir() / ("estimate-" + name);
+    const Result exact = run(std::string(IPUPOD_BINARY) + " estimate --warm-up-steps 0 --steps " +
+                             std::to_string(steps) + " --run-dir " + same_steps.string() + options);
+    ASSERT_EQ(exact.exit_code, 0) << exact.output;
+    const double estimated = read_json(same_steps / "estimate.json").at("predicted_samples_per_s");
+    EXPECT_NEAR(estimated / train_predicted, 1.0, 1e-9)
+        << name << ": train " << train_predicted << ", estimate " << estimated;
+
+    const fs::path defaults = dir() / ("estimate-default-" + name);
+    const Result steady =
+        run(std::string(IPUPOD_BINARY) + " estimate --run-dir " + defaults.string() + options);
+    ASSERT_EQ(steady.exit_code, 0) << steady.output;
+    const auto estimate = read_json(defaults / "estimate.json");
+    EXPECT_NEAR(estimate.at("predicted_samples_per_s").get<double>() / train_predicted, 1.0, 0.01)
+        << name;
+    EXPECT_EQ(estimate.at("stages").size(), job.stages);
+    EXPECT_NE(steady.output.find("predicted: "), std::string::npos) << steady.output;
+  }
+}
+
+// Under mpirun the stages compile on different ranks and the estimate is the same.
+TEST_F(PodEstimate, StagesOnSeveralRanksGiveTheSameEstimate) {
+  const std::string options =
+      " --model mlp --hidden 24 --arch tiny --topology m2000 --micro-batch 4 --replicas 2 "
+      "--stages 2 --gradient-accumulation 4";
+  const Result alone = run(std::string(IPUPOD_BINARY) + " estimate --run-dir " +
+                           (dir() / "alone").string() + options);
+  ASSERT_EQ(alone.exit_code, 0) << alone.output;
+  const Result spread =
+      run(mpirun(2) + "estimate --run-dir " + (dir() / "spread").string() + options);
+  ASSERT_EQ(spread.exit_code, 0) << spread.output;
+  EXPECT_EQ(read_json(dir() / "alone" / "estimate.json").at("predicted_samples_per_s"),
+            read_json(dir() / "spread" / "estimate.json").at("predicted_samples_per_s"));
+}
+
+// A host that prepares too few samples bounds the job; without a host input rate the bound is
+// the largest part of the IPUs' own time.
+TEST_F(PodEstimate, NamesTheHostInputOrThePartOfTheIpusTimeThatBoundsTheJob) {
+  const std::string options =
+      " --model mlp --hidden 24 --arch tiny --topology m2000 --micro-batch 16 --run-dir ";
+  const Result ipu =
+      run(std::string(IPUPOD_BINARY) + " estimate" + options + (dir() / "ipu-bound").string());
+  ASSERT_EQ(ipu.exit_code, 0) << ipu.output;
+  const auto ipu_bound = read_json(dir() / "ipu-bound" / "estimate.json");
+  const auto& parts = ipu_bound.at("breakdown_seconds_per_host_step");
+  std::string largest;
+  double most = -1;
+  for (const auto& [name, seconds] : parts.items())
+    if (seconds.get<double>() > most) most = seconds, largest = name;
+  EXPECT_EQ(ipu_bound.at("bound"), largest);
+  EXPECT_NE(largest, "host input");
+  EXPECT_EQ(ipu_bound.at("predicted_samples_per_s"), ipu_bound.at("predicted_ipu_samples_per_s"));
+
+  // 16 samples per step at 100 samples/s: 0.16 s, far longer than the IPU's microseconds.
+  const Result host = run(std::string(IPUPOD_BINARY) + " estimate --host-input-rate 100" + options +
+                          (dir() / "host-bound").string());
+  ASSERT_EQ(host.exit_code, 0) << host.output;
+  const auto host_bound = read_json(dir() / "host-bound" / "estimate.json");
+  EXPECT_EQ(host_bound.at("bound"), "host input");
+  EXPECT_NEAR(host_bound.at("predicted_samples_per_s").get<double>(), 100.0, 1e-6);
+  EXPECT_NE(host.output.find("bound by host input"), std::string::npos) << host.output;
+}
+
+TEST_F(PodEstimate, BadJobsAreBadInput) {
+  const std::string estimate = std::string(IPUPOD_BINARY) + " estimate --run-dir " +
+                               (dir() / "bad").string() + " --arch tiny ";
+  const auto expect_bad = [](const Result& r, const std::string& message) {
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << "expected '" << message << "' in:\n"
+                                                         << r.output;
+  };
+  expect_bad(run(estimate + "--model mlp --topology pod7"), "--topology");
+  expect_bad(run(estimate + "--model mlp --topology m2000 --replicas 8"),
+             "--topology m2000 has 4 IPUs, the run needs 8");
+  expect_bad(run(estimate + "--model mlp --stages 9 --topology pod16"), "stages");
+  expect_bad(run(estimate + "--model mlp --host-input-rate -1"), "--host-input-rate");
+  expect_bad(run(estimate + "--model nosuch"), "unknown model");
+}
+
+}  // namespace
