@@ -80,6 +80,10 @@ struct EngineOptions {
   // and every compute set's and exchange's cycles, but no tile memory and no runtime tables
   // (nothing can run, read or write).
   bool executable = true;
+  // Programs compiled only to be timed (Engine::time), left out of the memory plan: variants of
+  // another program (the same step with other loop counts, say) whose variables the plan of
+  // the programs that run already lays out. run() refuses them.
+  std::vector<std::string> timing_only_programs = {};
 };
 
 // One step of the predicted timeline, in cycles since the engine was built.

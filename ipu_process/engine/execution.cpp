@@ -1,5 +1,6 @@
 // Engine execution: runs the compiled programs in BSP supersteps (compute sets, exchanges, syncs,
 // host streams, collectives) on the host threads, counting each step's predicted cycles.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -304,6 +305,9 @@ void Engine::run(const std::string& program) {
         "not fit on the IPU (see the memory report)");
   auto it = programs_.find(program);
   if (it == programs_.end()) throw std::invalid_argument("no program named '" + program + "'");
+  const auto& timed = options_.timing_only_programs;
+  if (std::find(timed.begin(), timed.end(), program) != timed.end())
+    throw std::logic_error("cannot run '" + program + "': it was compiled to be timed only");
   execute(*it->second);
 }
 

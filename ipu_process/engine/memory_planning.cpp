@@ -430,7 +430,11 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
   {
     LivenessWalk walk(graph_, ranges);
     int index = 0;
-    for (const auto& [name, program] : programs) walk.walk_program(program, index++);
+    for (const auto& [name, program] : programs) {
+      const auto& timed = options_.timing_only_programs;
+      if (std::find(timed.begin(), timed.end(), name) != timed.end()) continue;
+      walk.walk_program(program, index++);
+    }
   }
   // A variable's elements on one tile take one block of its memory (as Poplar lays out a
   // variable's tile elements contiguously), each mapping interval from an aligned offset, so

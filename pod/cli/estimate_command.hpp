@@ -6,6 +6,8 @@
 #include <mpi.h>
 
 #include <cstddef>
+#include <string>
+#include <vector>
 
 #include "pod/compiler/stage_compile.hpp"
 
@@ -19,8 +21,14 @@ struct EstimateConfig {
   // pipeline starts with every stage at once; from the second on the stages run in their
   // steady offsets, as over most of a training run.
   std::size_t warm_up_steps = 1, steps = 2;
-  double host_input_rate = 0;  // samples/s one host server prepares (0: not modelled)
-  std::size_t hosts = 0;       // host servers feeding the job (0: one per 16 IPUs)
+  double host_input_rate = 0;       // samples/s one host server prepares (0: not modelled)
+  std::size_t hosts = 0;            // host servers feeding the job (0: one per 16 IPUs)
+  bool accumulation_given = false;  // else each job's is its stages (grouped pipeline's least)
+  // A sweep: one estimate per combination of these lists (empty: the one value of
+  // compile.train), compiled once per stage count and replica class and written as a CSV
+  // (default RUN_DIR/estimate.csv) beside estimate.json.
+  std::vector<std::size_t> sweep_replicas, sweep_stages, sweep_accumulation, sweep_iterations;
+  std::string csv;
 };
 
 // Checks the options on their own; throws UsageError.

@@ -353,11 +353,25 @@ CLI::Option* add_estimate_options(CLI::App& estimate, ipupod::pod::EstimateConfi
       ->capture_default_str();
   estimate.add_option("--run-dir", t.run_dir, "Directory for estimate.json and memory.json")
       ->capture_default_str();
+  const auto sweep = [&](const char* name, std::vector<std::size_t>& list, const char* what) {
+    estimate.add_option(name, list, what)->check(whole_number(1, kMaxCount))->delimiter(',');
+  };
+  sweep("--sweep-replicas", c.sweep_replicas, "A sweep: replica counts, e.g. 1,2,4,8");
+  sweep("--sweep-stages", c.sweep_stages, "A sweep: stage counts, e.g. 2,4,8");
+  sweep("--sweep-gradient-accumulation", c.sweep_accumulation,
+        "A sweep: gradient accumulation counts, e.g. 10,20,40,60");
+  sweep("--sweep-device-iterations", c.sweep_iterations,
+        "A sweep: device iteration counts, e.g. 10,20");
+  estimate.add_option("--csv", c.csv,
+                      "A sweep's CSV, one row per configuration (default "
+                      "RUN_DIR/estimate.csv; plot it with scripts/scaling/plot.py)");
   estimate.footer(
       "Compiles each stage once (replicas share it; under mpirun, rank r takes stages r,\n"
       "r + size, ...), runs no codelet, and times the training program's host steps with the\n"
       "cycles training would count: the stages' compute sets, exchanges and syncs, the\n"
       "pipeline's waits, the gradient all-reduce on the topology's links, the host streams.\n"
+      "A sweep (--sweep-*) estimates every combination of its lists, compiling each stage once\n"
+      "per stage count (and replica class) for all their accumulation and iteration counts.\n"
       "Exit code 0: every stage fits; 1: a stage does not fit (estimate written) or failure.\n"
       "  ipupod estimate --model resnet50 --stages 4 --replicas 4 --topology pod16 \\\n"
       "      --micro-batch 4 --gradient-accumulation 16 --classes 1000");
@@ -463,7 +477,8 @@ int main(int argc, char** argv) {
     return code;
   }
   if (*estimate) {
-    if (estimate_accumulation->count() == 0)
+    estimate_config.accumulation_given = estimate_accumulation->count() > 0;
+    if (!estimate_config.accumulation_given)
       estimate_config.compile.train.gradient_accumulation =
           std::max<std::size_t>(1, estimate_config.compile.train.stages);
     const int code = ipupod::pod::run_estimate(estimate_config, MPI_COMM_WORLD);

@@ -49,7 +49,16 @@ struct StepShape {
   // A graph that will only be planned (ipupod compile): its vertices keep no parameters (see
   // ipu::Graph::drop_vertex_params).
   bool plan_only = false;
+  // Further (gradient accumulation, device iterations) pairs of the training step, each a
+  // program named by timed_train_program for Engine::time only (in
+  // CompiledModel::timing_only_programs, left out of the memory plan): the same compute sets and
+  // stashes run with other loop counts, so a sweep compiles a stage once.
+  std::vector<std::pair<std::size_t, std::size_t>> timed_steps = {};
 };
+
+// The name of the timing-only training program of `gradient_accumulation` and
+// `device_iterations` (StepShape::timed_steps).
+std::string timed_train_program(std::size_t gradient_accumulation, std::size_t device_iterations);
 
 struct CompiledModel {
   std::unique_ptr<ipu::Graph> graph;
@@ -64,9 +73,10 @@ struct CompiledModel {
   std::vector<std::pair<std::string, ipu::Tensor>> checkpointed;
   std::vector<std::pair<ipu::Tensor, float>> constants;  // to fill after the engine is built
   ipu::Tensor input, labels, logits, loss;               // host-facing tensors: stage 0 only
-  ipu::Tensor eval_logits, eval_loss;  // what the "eval" program streams back (stage 0)
-  std::size_t stash_slots = 1;         // activation stash depth of this stage
-  std::size_t transfers = 0;           // send and receive programs of this stage
+  ipu::Tensor eval_logits, eval_loss;             // what the "eval" program streams back (stage 0)
+  std::size_t stash_slots = 1;                    // activation stash depth of this stage
+  std::size_t transfers = 0;                      // send and receive programs of this stage
+  std::vector<std::string> timing_only_programs;  // of StepShape::timed_steps
 };
 
 // With shape.float16, matmuls, convolutions, additions, bias additions and ReLUs (forward and

@@ -12,7 +12,8 @@ namespace {
 
 // Sequential (sharded) execution: one micro-batch at a time, stage after stage forward and
 // back; a sync after each stage's turn keeps every IPU's clock on the serial timeline.
-void add_sequential(const StepShape& shape, const MicroBatchPrograms& mb, ipu::Program& step) {
+void add_sequential(const StepShape& shape, const MicroBatchPrograms& mb, std::size_t k,
+                    ipu::Program& step) {
   const int stages = static_cast<int>(shape.stages), stage = static_cast<int>(shape.stage);
   ipu::Program micro_batch;
   for (int slot = 0; slot < 2 * stages; ++slot) {
@@ -20,7 +21,7 @@ void add_sequential(const StepShape& shape, const MicroBatchPrograms& mb, ipu::P
     if (slot == 2 * stages - 1 - stage) micro_batch.add(mb.backward);
     micro_batch.add(ipu::Program::sync(ipu::SyncKind::external));
   }
-  step.add(ipu::Program::repeat(shape.gradient_accumulation, micro_batch));
+  step.add(ipu::Program::repeat(k, micro_batch));
 }
 
 using Stash = std::vector<std::vector<std::pair<ipu::Tensor, ipu::Tensor>>>;
@@ -57,20 +58,32 @@ Stash make_stash(const models::Model& model, const StepShape& shape, const Micro
 // Grouped pipeline: in slot t this stage runs the forward pass of micro-batch t - stage and
 // the backward pass of micro-batch t - (2 (stages - 1) - stage); every slot ends with a
 // sync across the replica's IPUs. Activations wait in a ring of stash slots in between.
-void add_grouped(const models::Model& model, const StepShape& shape, const MicroBatchPrograms& mb,
-                 const Lowering& lowering, CompiledModel& out, ipu::Program& step) {
+// The copies into and out of each stash slot, each made once (a step runs it in several slots).
+struct StashCopies {
+  std::vector<ipu::Program> into, out_of;
+};
+
+StashCopies stash_copies(const Stash& stash) {
+  StashCopies copies;
+  for (const auto& slot : stash)
+    for (const bool out_of_stash : {false, true}) {
+      std::vector<std::pair<ipu::Tensor, ipu::Tensor>> pairs;
+      for (const auto& [work, kept] : slot)
+        pairs.emplace_back(out_of_stash ? kept : work, out_of_stash ? work : kept);
+      (out_of_stash ? copies.out_of : copies.into)
+          .push_back(pairs.empty() ? ipu::Program() : ipu::Program::copy(std::move(pairs)));
+    }
+  return copies;
+}
+
+void add_grouped(const StepShape& shape, const MicroBatchPrograms& mb, const StashCopies& copies,
+                 std::size_t k, ipu::Program& step) {
   const int stages = static_cast<int>(shape.stages), stage = static_cast<int>(shape.stage);
-  const std::size_t k = shape.gradient_accumulation;
   if (k < shape.stages)
     throw std::invalid_argument("the grouped pipeline needs gradient accumulation >= stages");
-  const std::size_t depth = 2 * (shape.stages - 1 - shape.stage) + 1;
-  out.stash_slots = depth;
-  const Stash stash = make_stash(model, shape, mb, lowering, *out.graph, depth);
+  const std::size_t depth = copies.into.size();
   const auto stash_copy = [&](std::size_t slot, bool out_of_stash) {
-    std::vector<std::pair<ipu::Tensor, ipu::Tensor>> pairs;
-    for (const auto& [work, kept] : stash[slot])
-      pairs.emplace_back(out_of_stash ? kept : work, out_of_stash ? work : kept);
-    return pairs.empty() ? ipu::Program() : ipu::Program::copy(std::move(pairs));
+    return out_of_stash ? copies.out_of[slot] : copies.into[slot];
   };
   const long long slots = static_cast<long long>(k + 2 * (shape.stages - 1));
   const long long kk = static_cast<long long>(k);
@@ -93,18 +106,24 @@ void add_grouped(const models::Model& model, const StepShape& shape, const Micro
 
 }  // namespace
 
-void add_pipeline_schedule(const models::Model& model, const StepShape& shape,
-                           const MicroBatchPrograms& micro_batch, const Lowering& lowering,
-                           CompiledModel& out, ipu::Program& step) {
+PipelineSchedule pipeline_schedule(const models::Model& model, const StepShape& shape,
+                                   const MicroBatchPrograms& micro_batch, const Lowering& lowering,
+                                   CompiledModel& out) {
   if (shape.stages == 1) {
-    step.add(
-        ipu::Program::repeat(shape.gradient_accumulation,
-                             ipu::Program::sequence({micro_batch.forward, micro_batch.backward})));
-  } else if (!shape.grouped) {
-    add_sequential(shape, micro_batch, step);
-  } else {
-    add_grouped(model, shape, micro_batch, lowering, out, step);
+    const ipu::Program one = ipu::Program::sequence({micro_batch.forward, micro_batch.backward});
+    return [one](std::size_t k, ipu::Program& step) { step.add(ipu::Program::repeat(k, one)); };
   }
+  if (!shape.grouped)
+    return [shape, micro_batch](std::size_t k, ipu::Program& step) {
+      add_sequential(shape, micro_batch, k, step);
+    };
+  const std::size_t depth = 2 * (shape.stages - 1 - shape.stage) + 1;
+  out.stash_slots = depth;
+  const StashCopies copies =
+      stash_copies(make_stash(model, shape, micro_batch, lowering, *out.graph, depth));
+  return [shape, micro_batch, copies](std::size_t k, ipu::Program& step) {
+    add_grouped(shape, micro_batch, copies, k, step);
+  };
 }
 
 }  // namespace ipupod::pod

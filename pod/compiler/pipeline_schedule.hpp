@@ -2,6 +2,7 @@
 // (ramp-up, main phase, ramp-down, activation stashes) and sequential (sharded) execution.
 #pragma once
 
+#include <functional>
 #include <set>
 #include <vector>
 
@@ -21,12 +22,15 @@ struct MicroBatchPrograms {
   std::vector<models::ValueId> forward_values;  // every value the forward pass made
 };
 
-// Appends to `step` the `shape.gradient_accumulation` micro-batches of this stage in the
-// schedule's order: one after the other (one stage), stage after stage with a sync after each
-// turn (sequential), or in the grouped pipeline's slots with a sync ending each slot and the
-// activations the backward pass reads kept in a ring of stash slots (sets out.stash_slots).
-void add_pipeline_schedule(const models::Model& model, const StepShape& shape,
-                           const MicroBatchPrograms& micro_batch, const Lowering& lowering,
-                           CompiledModel& out, ipu::Program& step);
+// Appends to `step` k micro-batches of this stage in the schedule's order.
+using PipelineSchedule = std::function<void(std::size_t k, ipu::Program& step)>;
+
+// The schedule of this stage: the micro-batches one after the other (one stage), stage after
+// stage with a sync after each turn (sequential), or in the grouped pipeline's slots with a sync
+// ending each slot and the activations the backward pass reads kept in a ring of stash slots
+// (made here, once for any k; sets out.stash_slots).
+PipelineSchedule pipeline_schedule(const models::Model& model, const StepShape& shape,
+                                   const MicroBatchPrograms& micro_batch, const Lowering& lowering,
+                                   CompiledModel& out);
 
 }  // namespace ipupod::pod

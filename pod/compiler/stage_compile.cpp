@@ -164,7 +164,8 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
                        .float16 = c.train.precision == "fp16",
                        .replicated_tensor_sharding = c.train.replicated_tensor_sharding,
                        .available_memory_proportion = c.train.available_memory_proportion,
-                       .plan_only = true},
+                       .plan_only = true,
+                       .timed_steps = c.timed_steps},
                       &eval_model, lowered);
   const double lower_seconds = seconds_since(start);
   if (progress) say("building the engine (memory plan, liveness, programs)");
@@ -172,7 +173,9 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
   // Out of memory allowed: the report of a stage that does not fit is the point. A plan: the
   // same memory layout and cycles as a training rank's engine, without its tile memory.
   ipu::Engine engine(*compiled.graph, compiled.programs,
-                     {.allow_out_of_memory = true, .executable = false});
+                     {.allow_out_of_memory = true,
+                      .executable = false,
+                      .timing_only_programs = compiled.timing_only_programs});
   const double engine_seconds = seconds_since(engine_start);
   if (use_engine) use_engine(engine);
 

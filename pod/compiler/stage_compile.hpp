@@ -7,6 +7,7 @@
 #include <iosfwd>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ipu_process/engine.hpp"
@@ -21,6 +22,9 @@ struct CompileConfig {
   std::vector<std::size_t> sample_shape;  // one input sample; empty: the model's own
   std::size_t classes = 10;
   std::vector<std::size_t> only_stages;  // compile just these stages (empty: every stage)
+  // Further (gradient accumulation, device iterations) of the training step to compile for
+  // timing only (StepShape::timed_steps).
+  std::vector<std::pair<std::size_t, std::size_t>> timed_steps;
 };
 
 // Checks the options on their own; throws UsageError.

@@ -171,6 +171,11 @@ void add_eval_program(const models::Model& model, const StepShape& shape,
 
 }  // namespace
 
+std::string timed_train_program(std::size_t gradient_accumulation, std::size_t device_iterations) {
+  return "train g=" + std::to_string(gradient_accumulation) +
+         " d=" + std::to_string(device_iterations);
+}
+
 CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset& arch,
                               const StepShape& shape, const models::Model* eval_model,
                               const CompileProgressFn& progress) {
@@ -235,15 +240,15 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
     out.loss = for_host(g, loss_program, out.loss, "loss");
     loss_program.add(ipu::Program::stream_from_device(kLossStream, out.loss));
   }
-  ipu::Program step = ipu::Program::sequence({zero_accumulators});
-  add_pipeline_schedule(model, shape, mb, lowering, out, step);
-
+  const PipelineSchedule schedule = pipeline_schedule(model, shape, mb, lowering, out);
+  // The step after its micro-batches: the replicas' reduction, the optimizer, the gather.
+  ipu::Program tail;
   const bool sharding = shape.replicated_tensor_sharding && shape.replicas > 1;
   ShardedWeights sharded;
   if (sharding) {
-    sharded = shard_optimizer_state(model, shape, acc, out, lowering, step);
+    sharded = shard_optimizer_state(model, shape, acc, out, lowering, tail);
   } else if (shape.replicas > 1 && !acc.all.empty()) {
-    step.add(ipu::Program::all_reduce(acc.all, ipu::CollectiveOp::mean));
+    tail.add(ipu::Program::all_reduce(acc.all, ipu::CollectiveOp::mean));
   }
   // The stateful optimizers read the accumulators in place, scaled to their mean over the
   // micro-batches by the update itself (the all-reduce averaged the replicas): no mean tensor,
@@ -253,10 +258,22 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   lowering.set_gradient_scale(mean_scale);
   add_gradient_clipping(model, shape, transfers, acc, mean_scale, out, lowering, optimizer);
   lowering.lower_optimizer(stage, optimizer);
-  step.add(optimizer);
+  tail.add(optimizer);
   if (sharding && !sharded.whole.empty())
-    step.add(ipu::Program::all_gather(sharded.blocks, sharded.whole));
-  out.programs["train"] = ipu::Program::repeat(shape.device_iterations, step);
+    tail.add(ipu::Program::all_gather(sharded.blocks, sharded.whole));
+  const auto train_step = [&](std::size_t gradient_accumulation, std::size_t device_iterations) {
+    ipu::Program step = ipu::Program::sequence({zero_accumulators});
+    schedule(gradient_accumulation, step);
+    for (const ipu::Program& p : tail.children()) step.add(p);
+    return ipu::Program::repeat(device_iterations, step);
+  };
+  out.programs["train"] = train_step(shape.gradient_accumulation, shape.device_iterations);
+  for (const auto& [gradient_accumulation, device_iterations] : shape.timed_steps) {
+    const std::string name = timed_train_program(gradient_accumulation, device_iterations);
+    if (out.programs.count(name)) continue;
+    out.programs[name] = train_step(gradient_accumulation, device_iterations);
+    out.timing_only_programs.push_back(name);
+  }
 
   add_eval_program(model, shape, eval_model, transfers, forward, device_loss, out, lowering);
   out.graph->shrink_to_fit();

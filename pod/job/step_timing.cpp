@@ -13,7 +13,7 @@
 namespace ipupod::pod {
 
 StageTiming time_stage(ipu::Engine& engine, const TrainConfig& config, const IpuPlace& place,
-                       std::size_t steps) {
+                       std::size_t steps, const std::string& program) {
   const FabricCosts costs(config, place);
   StageTiming timing;
   std::uint64_t collectives = 0;
@@ -39,7 +39,7 @@ StageTiming time_stage(ipu::Engine& engine, const TrainConfig& config, const Ipu
     };
   engine.bind_collectives(binding);
   for (std::size_t s = 0; s < steps; ++s) {
-    engine.time("train");
+    engine.time(program);
     timing.step_ends.push_back(engine.cycles() - start);
     timing.syncs_at_step_ends.push_back(timing.at_syncs.size());
     timing.collectives_at_step_ends.push_back(collectives);

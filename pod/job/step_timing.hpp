@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "ipu_process/engine.hpp"
@@ -29,11 +30,12 @@ struct StageTiming {
   std::vector<std::uint64_t> collectives_at_step_ends;
 };
 
-// Times `steps` host steps of the compiled program "train" of the IPU at `place` (an engine
-// built from compile_for_ipu for that stage; it may be a plan). The pipeline's transfers and
-// the replica group's collectives cost what FabricCosts predicts for `place`.
+// Times `steps` host steps of the IPU at `place`: runs of its compiled training program
+// (`program`: "train", or a timing-only variant of it, see timed_train_program) on an engine
+// built from compile_for_ipu for that stage (it may be a plan). The pipeline's transfers and the
+// replica group's collectives cost what FabricCosts predicts for `place` in a job of `config`.
 StageTiming time_stage(ipu::Engine& engine, const TrainConfig& config, const IpuPlace& place,
-                       std::size_t steps);
+                       std::size_t steps, const std::string& program = "train");
 
 // A replica's stages played together: at each external sync every stage waits for the latest
 // (the engine's rule when it runs), the waits charged as sync.

@@ -7,8 +7,11 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "pod/job/step_timing.hpp"
 #include "tests/pod/run_command.hpp"
@@ -180,6 +183,61 @@ TEST_F(PodEstimate, NamesTheHostInputOrThePartOfTheIpusTimeThatBoundsTheJob) {
   EXPECT_EQ(host_bound.at("bound"), "host input");
   EXPECT_NEAR(host_bound.at("predicted_samples_per_s").get<double>(), 100.0, 1e-6);
   EXPECT_NE(host.output.find("bound by host input"), std::string::npos) << host.output;
+}
+
+// A sweep compiles each stage once per stage count and replica class (one replica, or several)
+// for all its accumulation and iteration counts, and each of its rows is the estimate of that
+// configuration alone.
+TEST_F(PodEstimate, ASweepSharesItsCompilesAndEachRowIsThatJobsEstimate) {
+  const std::string model =
+      " --model mlp --hidden 24 --arch tiny --topology pod16 --micro-batch 4 --run-dir ";
+  const Result sweep =
+      run(std::string(IPUPOD_BINARY) + " estimate" + model + (dir() / "sweep").string() +
+          " --sweep-replicas 1,2,4 --sweep-stages 1,2"
+          " --sweep-gradient-accumulation 2,4 --sweep-device-iterations 1,3");
+  ASSERT_EQ(sweep.exit_code, 0) << sweep.output;
+  // (1 + 2 stages) x (one replica, several replicas) compiles for 24 configurations.
+  EXPECT_NE(sweep.output.find("24 configurations from 6 stage compiles"), std::string::npos)
+      << sweep.output;
+  std::ifstream csv(dir() / "sweep" / "estimate.csv");
+  std::string header, row;
+  std::getline(csv, header);
+  std::size_t rows = 0;
+  std::map<std::string, double> predicted;  // "R S G D" -> samples/s
+  while (std::getline(csv, row)) {
+    ++rows;
+    std::vector<std::string> cells;
+    std::stringstream cells_of(row);
+    for (std::string cell; std::getline(cells_of, cell, ',');) cells.push_back(cell);
+    ASSERT_GE(cells.size(), 12u) << row;
+    predicted[cells[3] + " " + cells[4] + " " + cells[5] + " " + cells[6]] = std::stod(cells[11]);
+  }
+  EXPECT_EQ(rows, 24u);
+  EXPECT_EQ(header.substr(0, 24), "model,arch,topology,repl");
+  for (const std::string job : {"2 2 4 3", "4 1 2 1", "1 2 2 3"}) {
+    std::stringstream counts(job);
+    std::size_t r = 0, s = 0, g = 0, d = 0;
+    counts >> r >> s >> g >> d;
+    const fs::path alone = dir() / ("alone-" + std::to_string(r) + std::to_string(s) +
+                                    std::to_string(g) + std::to_string(d));
+    const Result one =
+        run(std::string(IPUPOD_BINARY) + " estimate" + model + alone.string() + " --replicas " +
+            std::to_string(r) + " --stages " + std::to_string(s) + " --gradient-accumulation " +
+            std::to_string(g) + " --device-iterations " + std::to_string(d));
+    ASSERT_EQ(one.exit_code, 0) << one.output;
+    ASSERT_TRUE(predicted.count(job)) << job;
+    EXPECT_NEAR(predicted[job] /
+                    read_json(alone / "estimate.json").at("predicted_samples_per_s").get<double>(),
+                1.0, 1e-9)
+        << job;
+  }
+  // A configuration the pipeline cannot run is named.
+  const Result bad =
+      run(std::string(IPUPOD_BINARY) + " estimate" + model + (dir() / "bad-sweep").string() +
+          " --sweep-stages 1,2 --sweep-gradient-accumulation 1,4");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("1 replicas x 2 stages, accumulation 1"), std::string::npos)
+      << bad.output;
 }
 
 TEST_F(PodEstimate, BadJobsAreBadInput) {
