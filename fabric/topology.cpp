@@ -12,6 +12,8 @@
 #include <set>
 #include <sstream>
 
+#include "json_text/json_text.hpp"
+
 namespace ipupod::fabric {
 namespace {
 
@@ -130,28 +132,8 @@ using Json = nlohmann::json;
 // most 256 IPUs); their product is checked against int as well.
 constexpr std::int64_t kMaxTopologyCount = 1 << 16;
 
-// A library's message cut short: a JSON parse error quotes the text it last read, which can be
-// the whole of a long line.
-std::string brief(const std::string& text) {
-  constexpr std::size_t kBriefChars = 240;
-  return text.size() > kBriefChars ? text.substr(0, kBriefChars) + "..." : text;
-}
-
-// A value as an error message shows it: lists and objects are described, not printed (one nested
-// deeply would overflow the stack of dump(), a long one would drown the message).
-std::string shown(const Json& value) {
-  // A short flat list or object is printed as it is (dump() recurses only one level).
-  const bool flat =
-      value.size() <= 16 &&
-      std::all_of(value.begin(), value.end(), [](const auto& v) { return v.is_primitive(); });
-  if (value.is_array() && !flat) return "a list of " + std::to_string(value.size()) + " value(s)";
-  if (value.is_object() && !flat)
-    return "an object of " + std::to_string(value.size()) + " field(s)";
-  std::string text = value.dump(-1, ' ', false, Json::error_handler_t::replace);
-  constexpr std::size_t kShownChars = 64;
-  if (text.size() > kShownChars) text = text.substr(0, kShownChars) + "...";
-  return text;
-}
+using json_text::brief;
+using json_text::shown;
 
 [[noreturn]] void file_error(const std::string& origin, const std::string& what) {
   throw FabricError("topology file " + origin + ": " + what);

@@ -1,17 +1,19 @@
 // Validation of the training configuration with messages a user can act on.
 #include "pod/config.hpp"
 
-#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
 
 #include "fabric/topology.hpp"
 #include "ipu_process/arch.hpp"
+#include "json_text/json_text.hpp"
 #include "models/zoo.hpp"
 
 namespace ipupod::pod {
 namespace {
+
+using json_text::shown;
 
 std::string number_text(double v) {
   std::ostringstream os;
@@ -260,34 +262,15 @@ std::vector<std::string> resume_differences(const TrainConfig& c, const nlohmann
                                                                             : kAbsent;
     if (was != now.at(key))
       differences.push_back(std::string(key) + ": checkpoint " +
-                            (was.is_null() ? std::string("(absent)") : shown_json(was)) +
-                            ", this run " + now.at(key).dump());
+                            (was.is_null() ? std::string("(absent)") : shown(was)) + ", this run " +
+                            now.at(key).dump());
   }
   if (c.lr_schedule != "constant" && object && saved.contains("epochs") &&
       saved.at("epochs") != c.epochs)
-    differences.push_back("epochs: checkpoint " + shown_json(saved.at("epochs")) + ", this run " +
+    differences.push_back("epochs: checkpoint " + shown(saved.at("epochs")) + ", this run " +
                           std::to_string(c.epochs) + " (the " + c.lr_schedule +
                           " learning-rate schedule spans the whole run)");
   return differences;
-}
-
-std::string brief(const std::string& text) {
-  constexpr std::size_t kBriefChars = 240;
-  return text.size() > kBriefChars ? text.substr(0, kBriefChars) + "..." : text;
-}
-
-std::string shown_json(const nlohmann::json& value) {
-  // A short flat list or object is printed as it is (dump() recurses only one level).
-  const bool flat =
-      value.size() <= 16 &&
-      std::all_of(value.begin(), value.end(), [](const auto& v) { return v.is_primitive(); });
-  if (value.is_array() && !flat) return "a list of " + std::to_string(value.size()) + " value(s)";
-  if (value.is_object() && !flat)
-    return "an object of " + std::to_string(value.size()) + " field(s)";
-  std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  constexpr std::size_t kShownChars = 64;
-  if (text.size() > kShownChars) text = text.substr(0, kShownChars) + "...";
-  return text;
 }
 
 }  // namespace ipupod::pod

@@ -101,12 +101,4 @@ nlohmann::json config_json(const TrainConfig& config);
 // "option: checkpoint X, this run Y" per difference; empty if nothing differs.
 std::vector<std::string> resume_differences(const TrainConfig& config, const nlohmann::json& saved);
 
-// A JSON value as an error message shows it: a primitive or a short flat list or object printed
-// (cut short), a nested or long one described by its size (one nested deeply would overflow the
-// stack of dump(), a long one would drown the message).
-std::string shown_json(const nlohmann::json& value);
-// A library's message cut short: a JSON parse error quotes the text it last read, which can be
-// the whole of a long line.
-std::string brief(const std::string& text);
-
 }  // namespace ipupod::pod

@@ -14,6 +14,7 @@
 
 #include "datasets/cli.hpp"
 #include "fabric/error.hpp"
+#include "json_text/json_text.hpp"
 #include "pod/cli/bench.hpp"
 #include "pod/cli/compile_command.hpp"
 #include "pod/cli/estimate_command.hpp"
@@ -154,7 +155,7 @@ std::vector<std::string> expand_config_file(CLI::App& app, std::vector<std::stri
     options = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
     throw ConfigFileError("--config: '" + path +
-                          "' is not valid JSON: " + ipupod::pod::brief(e.what()));
+                          "' is not valid JSON: " + ipupod::json_text::brief(e.what()));
   }
   if (!options.is_object())
     throw ConfigFileError("--config: '" + path +

@@ -13,9 +13,13 @@
 #include <string_view>
 
 #include "host/stream_protocol.hpp"
+#include "json_text/json_text.hpp"
 #include "pod/report.hpp"
 
 namespace ipupod::pod {
+
+using json_text::brief;
+using json_text::shown;
 
 nlohmann::json metrics_json(const EpochMetrics& m) {
   nlohmann::json j = {{"epoch", m.epoch + 1},
@@ -105,7 +109,7 @@ class Fields {
   [[noreturn]] void wrong(const char* key, const nlohmann::json& value,
                           const char* expected) const {
     throw host::CheckpointError("checkpoint '" + path_ + "': field '" + key + "' of its " + what_ +
-                                " is " + shown_json(value) + ", expected " + expected +
+                                " is " + shown(value) + ", expected " + expected +
                                 "; it was written by another ipupod version or edited");
   }
 
@@ -342,7 +346,7 @@ host::Checkpoint load_resume(const TrainConfig& c, Startup& startup, Progress& p
   }
   if (!saved.is_object())
     throw host::CheckpointError("checkpoint '" + c.resume + "': its configuration record is " +
-                                shown_json(saved) +
+                                shown(saved) +
                                 ", expected a JSON object; it was written by another ipupod "
                                 "version or edited");
   std::vector<std::string> differences = resume_differences(c, saved);
@@ -351,7 +355,7 @@ host::Checkpoint load_resume(const TrainConfig& c, Startup& startup, Progress& p
   for (const char* key : {"train_steps", "test_steps", "sample_shape", "classes"}) {
     const nlohmann::json& was = saved.contains(key) ? saved.at(key) : kAbsent;
     if (was != now.at(key))
-      differences.push_back(std::string("data ") + key + ": checkpoint " + shown_json(was) +
+      differences.push_back(std::string("data ") + key + ": checkpoint " + shown(was) +
                             ", this run " + now.at(key).dump() + " (another data file?)");
   }
   if (!differences.empty()) {
