@@ -48,16 +48,41 @@ class PodResume : public ::testing::Test {
 
   // 2 replicas x 10 samples x accumulation 2 x 2 device iterations: 80 samples per host step,
   // 15 host steps per epoch.
+  static std::string train_command(const std::string& run_dir, const std::string& options,
+                                   const std::string& hidden = "32",
+                                   const std::string& layout = "--replicas 2", int ranks = 3) {
+    return std::string(IPUPOD_MPIEXEC) + " -n " + std::to_string(ranks) +
+           " --oversubscribe --allow-run-as-root " + IPUPOD_BINARY +
+           " train --model mlp --hidden " + hidden + " --data " + data().string() + " " + layout +
+           " --micro-batch 10 --gradient-accumulation 2 --device-iterations 2"
+           " --learning-rate 0.1 --arch tiny --topology m2000 --run-dir " +
+           (dir() / run_dir).string() + " " + options;
+  }
   static Result train(const std::string& run_dir, const std::string& options,
                       const std::string& hidden = "32", const std::string& layout = "--replicas 2",
                       int ranks = 3) {
-    return run(std::string(IPUPOD_MPIEXEC) + " -n " + std::to_string(ranks) +
-               " --oversubscribe --allow-run-as-root " + IPUPOD_BINARY +
-               " train --model mlp --hidden " + hidden + " --data " + data().string() + " " +
-               layout +
-               " --micro-batch 10 --gradient-accumulation 2 --device-iterations 2"
-               " --learning-rate 0.1 --arch tiny --topology m2000 --run-dir " +
-               (dir() / run_dir).string() + " " + options);
+    return run(train_command(run_dir, options, hidden, layout, ranks));
+  }
+
+  // The job of train(run_dir, options) started in the background, its output going to the file
+  // `log`: returns the pid of mpirun (which replaces the shell that starts it), or -1 if fork
+  // failed.
+  static pid_t start_train(const std::string& run_dir, const std::string& options,
+                           const fs::path& log) {
+    const std::string command =
+        "exec " + train_command(run_dir, options) + " > " + log.string() + " 2>&1";
+    const pid_t mpirun = fork();
+    if (mpirun == 0) {
+      execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    return mpirun;
+  }
+
+  // What a background job wrote to its log so far.
+  static std::string read_log(const fs::path& log) {
+    std::ifstream in(log);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   }
 
   static nlohmann::json summary(const std::string& run_dir) {
@@ -366,22 +391,8 @@ TEST_F(PodResume, KilledRanksEndTheJobPromptlyAndResumingEndsIdentically) {
     SCOPED_TRACE(name + ": SIGKILL to rank " + std::to_string(rank) + " " +
                  std::to_string(delay.count()) + " ms after the first checkpoint");
     const fs::path log = dir() / (name + ".log");
-    const std::string command =
-        std::string("exec ") + IPUPOD_MPIEXEC + " -n 3 --oversubscribe --allow-run-as-root " +
-        IPUPOD_BINARY + " train --model mlp --hidden 32 --data " + data().string() +
-        " --replicas 2 --micro-batch 10 --gradient-accumulation 2 --device-iterations 2"
-        " --learning-rate 0.1 --arch tiny --topology m2000 --run-dir " +
-        (dir() / name).string() + " " + options + " > " + log.string() + " 2>&1";
-    const pid_t mpirun = fork();
+    const pid_t mpirun = start_train(name, options, log);
     ASSERT_GE(mpirun, 0);
-    if (mpirun == 0) {
-      execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    const auto read_log = [&] {
-      std::ifstream in(log);
-      return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    };
     const auto reap = [&](std::chrono::seconds limit) {
       int status = 0;
       const auto until = std::chrono::steady_clock::now() + limit;
@@ -397,7 +408,7 @@ TEST_F(PodResume, KilledRanksEndTheJobPromptlyAndResumingEndsIdentically) {
     };
     const auto started = std::chrono::steady_clock::now();
     bool ended_early = false;
-    while (read_log().find("  checkpoint ") == std::string::npos) {
+    while (read_log(log).find("  checkpoint ") == std::string::npos) {
       int status = 0;
       if (waitpid(mpirun, &status, WNOHANG) != 0) {
         ended_early = true;
@@ -406,11 +417,11 @@ TEST_F(PodResume, KilledRanksEndTheJobPromptlyAndResumingEndsIdentically) {
       if (std::chrono::steady_clock::now() - started > std::chrono::minutes(2)) {
         kill(mpirun, SIGKILL);
         waitpid(mpirun, &status, 0);
-        FAIL() << "no checkpoint within 2 minutes:\n" << read_log();
+        FAIL() << "no checkpoint within 2 minutes:\n" << read_log(log);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    ASSERT_FALSE(ended_early) << read_log();
+    ASSERT_FALSE(ended_early) << read_log(log);
     std::this_thread::sleep_for(delay);
     const std::map<int, pid_t> pids = rank_pids(mpirun);
     // On a fast machine the job may be ending already (its ranks gone, or going): then it must
@@ -419,12 +430,12 @@ TEST_F(PodResume, KilledRanksEndTheJobPromptlyAndResumingEndsIdentically) {
       const int status = reap(std::chrono::seconds(60));
       ASSERT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
           << "rank " << rank << " is not running, yet the job did not end well:\n"
-          << read_log();
+          << read_log(log);
       continue;
     }
     const auto killed = std::chrono::steady_clock::now();
     const int status = reap(std::chrono::seconds(30));
-    const std::string output = read_log();
+    const std::string output = read_log(log);
     ASSERT_NE(status, -1) << "the job did not end within 30 s of the kill:\n" << output;
     std::cout << name << ": rank " << rank << " killed after " << delay.count()
               << " ms, the job ended "
@@ -474,30 +485,15 @@ TEST_F(PodResume, CheckpointsDoNotGrowWithTheRunLength) {
 TEST_F(PodResume, StopSignalStopsAtAStepBoundaryWithACheckpointToResumeFrom) {
   const fs::path log = dir() / "signalled.log";
   fs::create_directories(dir() / "signalled");
-  const std::string command =
-      std::string("exec ") + IPUPOD_MPIEXEC + " -n 3 --oversubscribe --allow-run-as-root " +
-      IPUPOD_BINARY + " train --model mlp" + " --hidden 32 --data " + data().string() +
-      " --replicas 2 --micro-batch 10 --gradient-accumulation 2 --device-iterations 2"
-      " --learning-rate 0.1 --arch tiny --topology m2000 --epochs 400 --checkpoint-every 100"
-      " --run-dir " +
-      (dir() / "signalled").string() + " > " + log.string() + " 2>&1";
-  const pid_t mpirun = fork();
+  const pid_t mpirun = start_train("signalled", "--epochs 400 --checkpoint-every 100", log);
   ASSERT_GE(mpirun, 0);
-  if (mpirun == 0) {
-    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  const auto read_log = [&] {
-    std::ifstream in(log);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  };
   // Once the first progress line is out, training is under way (400 epochs take much longer
   // than the stop).
   int status = 0;
   const auto started = std::chrono::steady_clock::now();
-  while (read_log().find("epoch 1/400 step 3/15") == std::string::npos) {
-    ASSERT_EQ(waitpid(mpirun, &status, WNOHANG), 0) << "the job ended early:\n" << read_log();
-    ASSERT_LT(std::chrono::steady_clock::now() - started, std::chrono::minutes(3)) << read_log();
+  while (read_log(log).find("epoch 1/400 step 3/15") == std::string::npos) {
+    ASSERT_EQ(waitpid(mpirun, &status, WNOHANG), 0) << "the job ended early:\n" << read_log(log);
+    ASSERT_LT(std::chrono::steady_clock::now() - started, std::chrono::minutes(3)) << read_log(log);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ASSERT_EQ(kill(mpirun, SIGUSR1), 0);
@@ -506,11 +502,11 @@ TEST_F(PodResume, StopSignalStopsAtAStepBoundaryWithACheckpointToResumeFrom) {
     if (std::chrono::steady_clock::now() - signalled > std::chrono::seconds(60)) {
       kill(mpirun, SIGKILL);
       waitpid(mpirun, &status, 0);
-      FAIL() << "the job did not end within 60 s of SIGUSR1:\n" << read_log();
+      FAIL() << "the job did not end within 60 s of SIGUSR1:\n" << read_log(log);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  const std::string output = read_log();
+  const std::string output = read_log(log);
   ASSERT_TRUE(WIFEXITED(status)) << output;
   EXPECT_NE(WEXITSTATUS(status), 0) << output;
   const std::string said = "its checkpoint is ";
