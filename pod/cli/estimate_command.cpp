@@ -194,8 +194,12 @@ struct JobResult {
   bool fits = true;
 };
 
+// `planned_accumulation`: the accumulation count of the program the stages' memory was planned
+// for (a sweep plans one per compile; the grouped pipeline's first stage needs a little more
+// memory with more micro-batches).
 JobResult predict_job(const EstimateConfig& c, const Job& job, std::size_t job_index,
-                      const std::vector<const nlohmann::json*>& reports) {
+                      const std::vector<const nlohmann::json*>& reports,
+                      std::size_t planned_accumulation) {
   const TrainConfig t = job_config(c, job);
   const ipu::ArchPreset& arch = ipu::ArchPreset::get(t.arch);
   const std::vector<std::size_t> classes = replica_classes(t);
@@ -259,6 +263,7 @@ JobResult predict_job(const EstimateConfig& c, const Job& job, std::size_t job_i
   j["fits"] = out.fits;
   j["busiest_tile_bytes"] = busiest;
   j["largest_stage_bytes"] = largest;
+  j["memory_planned_with_accumulation"] = planned_accumulation;
   j["steps_timed"] = c.steps;
   j["warm_up_steps"] = c.warm_up_steps;
   j["slowest_replica"] = out.played.replica;
@@ -323,7 +328,7 @@ constexpr const char* kCsvColumns =
     "micro_batch,global_batch,samples_per_host_step,predicted_samples_per_s,"
     "predicted_ipu_samples_per_s,seconds_per_host_step,compute_s,exchange_s,sync_s,bubble_s,"
     "all_reduce_s,transfers_s,host_link_s,host_input_s,bound,fits,busiest_tile_bytes,"
-    "largest_stage_bytes";
+    "largest_stage_bytes,memory_planned_with_accumulation";
 
 std::string csv_row(const EstimateConfig& c, const Job& job, const JobResult& r) {
   const TrainConfig t = job_config(c, job);
@@ -337,7 +342,8 @@ std::string csv_row(const EstimateConfig& c, const Job& job, const JobResult& r)
   for (const auto& [name, seconds] : r.parts.named()) row << "," << seconds;
   row << "," << r.parts.bound() << "," << (r.fits ? "yes" : "no") << ","
       << r.summary.at("busiest_tile_bytes").get<std::size_t>() << ","
-      << r.summary.at("largest_stage_bytes").get<std::size_t>();
+      << r.summary.at("largest_stage_bytes").get<std::size_t>() << ","
+      << r.summary.at("memory_planned_with_accumulation").get<std::size_t>();
   return row.str();
 }
 
@@ -462,7 +468,8 @@ int run_estimate(const EstimateConfig& c, MPI_Comm world) {
         for (std::size_t i = 0; i < items.size(); ++i)
           if (items[i].first == u) stage_reports.push_back(&reports[i]);
         results.resize(jobs.size());
-        results[j] = predict_job(c, jobs[j], j, stage_reports);
+        results[j] =
+            predict_job(c, jobs[j], j, stage_reports, jobs[units[u].jobs.front()].accumulation);
         all_fit &= results[j].fits;
       }
     nlohmann::json memory = nlohmann::json::array();

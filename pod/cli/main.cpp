@@ -134,6 +134,12 @@ struct ConfigFileError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+bool train_option(CLI::App& app, const std::string& name) {
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    if (sub->get_name() == "train") return sub->get_option_no_throw(name) != nullptr;
+  return false;
+}
+
 // argv with the options of `--config FILE` of the subcommand inserted after the subcommand's
 // name, except those also given on the command line.
 std::vector<std::string> expand_config_file(CLI::App& app, std::vector<std::string> args) {
@@ -170,6 +176,9 @@ std::vector<std::string> expand_config_file(CLI::App& app, std::vector<std::stri
     std::string name = "--" + key;
     std::replace(name.begin(), name.end(), '_', '-');
     const CLI::Option* option = sub->get_option_no_throw(name);
+    // An estimate takes a training run's config file as it is: the options of a run that do
+    // not shape its timing (data, epochs, learning rate, ...) are left out.
+    if (!option && args[1] == "estimate" && train_option(app, name)) continue;
     if (!option || name == "--config" || name == "--help")
       throw ConfigFileError("--config: '" + path + "' names '" + key +
                             "', which is not an option "

@@ -240,6 +240,27 @@ TEST_F(PodEstimate, ASweepSharesItsCompilesAndEachRowIsThatJobsEstimate) {
       << bad.output;
 }
 
+// A training run's config file serves an estimate as it is: the options that do not shape the
+// timing (data, epochs, learning rate) are left out, the others taken.
+TEST_F(PodEstimate, TakesATrainingRunsConfigFile) {
+  const fs::path config = dir() / "train.json";
+  std::ofstream(config) << R"({"model": "mlp", "hidden": [24], "data": "elsewhere.h5", )"
+                        << R"("epochs": 3, "learning-rate": 0.5, "arch": "tiny", "stages": 2, )"
+                        << R"("gradient_accumulation": 4, "micro-batch": 4})";
+  const Result r = run(std::string(IPUPOD_BINARY) + " estimate --config " + config.string() +
+                       " --run-dir " + (dir() / "from-config").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto estimate = read_json(dir() / "from-config" / "estimate.json");
+  EXPECT_EQ(estimate.at("stages").size(), 2u);
+  EXPECT_EQ(estimate.at("config").at("gradient_accumulation"), 4);
+  EXPECT_EQ(estimate.at("samples_per_host_step"), 16.0);
+  // An option of neither command is still an error.
+  std::ofstream(config) << R"({"model": "mlp", "no-such-option": 1})";
+  const Result bad = run(std::string(IPUPOD_BINARY) + " estimate --config " + config.string());
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("no-such-option"), std::string::npos) << bad.output;
+}
+
 TEST_F(PodEstimate, BadJobsAreBadInput) {
   const std::string estimate = std::string(IPUPOD_BINARY) + " estimate --run-dir " +
                                (dir() / "bad").string() + " --arch tiny ";
