@@ -408,8 +408,31 @@ Engine::Node Engine::compile(const Program& p) {
           if (doff == d[di].elements) ++di, doff = 0;
         }
       };
+      // Without tile memory (a plan, or a graph that does not fit) nothing moves and the cycles
+      // need only each tile's bytes out and in: each side's counted on its own.
+      const bool counting_only = tile_memory_.data() == nullptr;
+      const auto count = [&](VariableId var, std::size_t b, std::size_t e, std::size_t esize,
+                             std::vector<std::size_t>& per_tile) {
+        const auto& m = graph_.variable(var).mapping;
+        auto it =
+            std::upper_bound(m.begin(), m.end(), b,
+                             [](std::size_t x, const TileInterval& iv) { return x < iv.end; });
+        for (; it != m.end() && it->begin < e; ++it)
+          per_tile[it->tile] +=
+              (std::min<std::size_t>(it->end, e) - std::max<std::size_t>(it->begin, b)) * esize;
+      };
       for (const CopyRun& r : p.runs()) {
         open.clear();
+        if (counting_only) {
+          const std::size_t esize = dtype_size(r.dtype);
+          for (std::uint64_t row = 0; row < r.rows; ++row) {
+            const std::size_t sb = r.src_offset + row * r.src_stride,
+                              db = r.dst_offset + row * r.dst_stride;
+            count(r.src, sb, sb + r.elements, esize, bytes_out);
+            count(r.dst, db, db + r.elements, esize, bytes_in);
+          }
+          continue;
+        }
         for (std::uint64_t row = 0; row < r.rows; ++row) {
           s.clear();
           d.clear();

@@ -460,14 +460,13 @@ int run_estimate(const EstimateConfig& c, MPI_Comm world) {
       if (from != 0) reports[i] = nlohmann::json::parse(receive_text(from, kStageReportTag, world));
     }
     // Each job's stage reports (its unit's), in stage order.
-    std::vector<JobResult> results;
+    std::vector<JobResult> results(jobs.size());
     bool all_fit = true;
     for (std::size_t u = 0; u < units.size(); ++u)
       for (std::size_t j : units[u].jobs) {
         std::vector<const nlohmann::json*> stage_reports;
         for (std::size_t i = 0; i < items.size(); ++i)
           if (items[i].first == u) stage_reports.push_back(&reports[i]);
-        results.resize(jobs.size());
         results[j] =
             predict_job(c, jobs[j], j, stage_reports, jobs[units[u].jobs.front()].accumulation);
         all_fit &= results[j].fits;
