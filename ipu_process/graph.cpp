@@ -2,6 +2,7 @@
 #include "ipu_process/graph.hpp"
 
 #include <algorithm>
+#include <array>
 #include <numeric>
 #include <set>
 #include <stdexcept>
@@ -63,17 +64,21 @@ bool always_live(MemoryCategory category) {
 }
 
 namespace {
-std::size_t product(const std::vector<std::size_t>& shape) {
+// Of a Shape or a std::vector of dimensions (no copy of either).
+template <class Dims>
+std::size_t product(const Dims& shape) {
   return std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>());
 }
-std::string shape_string(const std::vector<std::size_t>& shape) {
+template <class Dims>
+std::string shape_string(const Dims& shape) {
   std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  std::size_t i = 0;
+  for (const auto d : shape) s += (i++ ? "," : "") + std::to_string(d);
   return s + "]";
 }
 // A reshape keeps the element count; `what` is "tensor" or "view", for the message.
-void check_reshape(const std::vector<std::size_t>& from, const std::vector<std::size_t>& to,
-                   const char* what) {
+template <class From>
+void check_reshape(const From& from, const std::vector<std::size_t>& to, const char* what) {
   if (product(from) != product(to))
     throw std::invalid_argument(std::string("reshape of a ") + what + " of shape " +
                                 shape_string(from) + " to " + shape_string(to) +
@@ -106,10 +111,12 @@ Tensor Tensor::rows(std::size_t begin, std::size_t end) const {
   if (shape_.empty() || begin > end || end > shape_[0])
     throw std::out_of_range("rows [" + std::to_string(begin) + "," + std::to_string(end) +
                             ") of a tensor of shape " + shape_string(shape_));
-  std::vector<std::size_t> shape = shape_;
-  shape[0] = end - begin;
+  std::array<std::size_t, Shape::kMaxRank> dims{};
+  std::copy(shape_.begin(), shape_.end(), dims.begin());
+  dims[0] = end - begin;
   const std::size_t row_elements = elements() / std::max<std::size_t>(shape_[0], 1);
-  return Tensor(var_, offset_ + begin * row_elements, shape, dtype_);
+  return Tensor(var_, offset_ + begin * row_elements, Shape(dims.begin(), dims.begin() + rank()),
+                dtype_);
 }
 
 Tensor Tensor::row(std::size_t i) const {
