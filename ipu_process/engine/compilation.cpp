@@ -411,26 +411,52 @@ Engine::Node Engine::compile(const Program& p) {
       // Without tile memory (a plan, or a graph that does not fit) nothing moves and the cycles
       // need only each tile's bytes out and in: each side's counted on its own.
       const bool counting_only = tile_memory_.data() == nullptr;
-      const auto count = [&](VariableId var, std::size_t b, std::size_t e, std::size_t esize,
+      // A run's rows, each `elements` long from `first` + row x `stride`, on one side: the
+      // bytes each tile holds. Rows mostly fall in the mapping interval of the row before or
+      // the next ones, so the search starts there.
+      const auto count = [&](VariableId var, std::size_t first, std::size_t stride,
+                             std::uint64_t rows, std::size_t elements, std::size_t esize,
                              std::vector<std::size_t>& per_tile) {
         const auto& m = graph_.variable(var).mapping;
-        auto it =
-            std::upper_bound(m.begin(), m.end(), b,
-                             [](std::size_t x, const TileInterval& iv) { return x < iv.end; });
-        for (; it != m.end() && it->begin < e; ++it)
-          per_tile[it->tile] +=
-              (std::min<std::size_t>(it->end, e) - std::max<std::size_t>(it->begin, b)) * esize;
+        if (m.empty() || rows == 0 || elements == 0) return;
+        const std::size_t last_end = first + (rows - 1) * stride + elements;
+        std::size_t k = static_cast<std::size_t>(
+            std::upper_bound(m.begin(), m.end(), first,
+                             [](std::size_t x, const TileInterval& iv) { return x < iv.end; }) -
+            m.begin());
+        if (k < m.size() && m[k].begin <= first && last_end <= m[k].end) {
+          per_tile[m[k].tile] += rows * elements * esize;  // every row in one interval
+          return;
+        }
+        for (std::uint64_t row = 0; row < rows; ++row) {
+          const std::size_t b = first + row * stride, e = b + elements;
+          if (k >= m.size() || b < m[k].begin) {
+            k = static_cast<std::size_t>(
+                std::upper_bound(m.begin(), m.end(), b,
+                                 [](std::size_t x, const TileInterval& iv) { return x < iv.end; }) -
+                m.begin());
+          } else {
+            for (std::size_t step = 0; k < m.size() && m[k].end <= b; ++step, ++k)
+              if (step == 8) {
+                k = static_cast<std::size_t>(
+                    std::upper_bound(
+                        m.begin() + static_cast<std::ptrdiff_t>(k), m.end(), b,
+                        [](std::size_t x, const TileInterval& iv) { return x < iv.end; }) -
+                    m.begin());
+                break;
+              }
+          }
+          for (std::size_t i = k; i < m.size() && m[i].begin < e; ++i)
+            per_tile[m[i].tile] +=
+                (std::min<std::size_t>(m[i].end, e) - std::max<std::size_t>(m[i].begin, b)) * esize;
+        }
       };
       for (const CopyRun& r : p.runs()) {
         open.clear();
         if (counting_only) {
           const std::size_t esize = dtype_size(r.dtype);
-          for (std::uint64_t row = 0; row < r.rows; ++row) {
-            const std::size_t sb = r.src_offset + row * r.src_stride,
-                              db = r.dst_offset + row * r.dst_stride;
-            count(r.src, sb, sb + r.elements, esize, bytes_out);
-            count(r.dst, db, db + r.elements, esize, bytes_in);
-          }
+          count(r.src, r.src_offset, r.src_stride, r.rows, r.elements, esize, bytes_out);
+          count(r.dst, r.dst_offset, r.dst_stride, r.rows, r.elements, esize, bytes_in);
           continue;
         }
         for (std::uint64_t row = 0; row < r.rows; ++row) {
