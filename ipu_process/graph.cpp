@@ -2,7 +2,6 @@
 #include "ipu_process/graph.hpp"
 
 #include <algorithm>
-#include <array>
 #include <numeric>
 #include <set>
 #include <stdexcept>
@@ -111,17 +110,16 @@ Tensor Tensor::rows(std::size_t begin, std::size_t end) const {
   if (shape_.empty() || begin > end || end > shape_[0])
     throw std::out_of_range("rows [" + std::to_string(begin) + "," + std::to_string(end) +
                             ") of a tensor of shape " + shape_string(shape_));
-  std::array<std::size_t, Shape::kMaxRank> dims{};
-  std::copy(shape_.begin(), shape_.end(), dims.begin());
-  dims[0] = end - begin;
   const std::size_t row_elements = elements() / std::max<std::size_t>(shape_[0], 1);
-  return Tensor(var_, offset_ + begin * row_elements, Shape(dims.begin(), dims.begin() + rank()),
-                dtype_);
+  return Tensor(var_, offset_ + begin * row_elements, shape_.with_front(end - begin), dtype_);
 }
 
 Tensor Tensor::row(std::size_t i) const {
-  Tensor r = rows(i, i + 1);
-  return Tensor(var_, r.offset_, Shape(r.shape_.begin() + 1, r.shape_.end()), dtype_);
+  if (shape_.empty() || i >= shape_[0])
+    throw std::out_of_range("row " + std::to_string(i) + " of a tensor of shape " +
+                            shape_string(shape_));
+  const std::size_t row_elements = elements() / shape_[0];
+  return Tensor(var_, offset_ + i * row_elements, shape_.without_front(), dtype_);
 }
 
 namespace {

@@ -42,6 +42,22 @@ class Shape {
     return dims_[i];
   }
   std::size_t front() const { return dims_[0]; }
+  // This shape with its first dimension d (rank >= 1), and without its first dimension: no
+  // checks beyond d's, for the views taken many times over while lowering (Tensor::rows, row).
+  Shape with_front(std::size_t d) const {
+    if (d > UINT32_MAX)
+      throw std::invalid_argument("a device tensor dimension of " + std::to_string(d) +
+                                  " elements is larger than an IPU can hold");
+    Shape out = *this;
+    out.dims_[0] = static_cast<std::uint32_t>(d);
+    return out;
+  }
+  Shape without_front() const {
+    Shape out;
+    for (std::size_t i = 1; i < rank_; ++i) out.dims_[i - 1] = dims_[i];
+    out.rank_ = static_cast<std::uint8_t>(rank_ - 1);
+    return out;
+  }
   std::size_t back() const { return dims_[rank_ - 1]; }
   const_iterator begin() const { return dims_.data(); }
   const_iterator end() const { return dims_.data() + rank_; }
