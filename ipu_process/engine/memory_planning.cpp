@@ -6,6 +6,7 @@
 #include <numeric>
 #include <queue>
 #include <set>
+#include <span>
 #include <sstream>
 
 #include "ipu_process/engine.hpp"
@@ -51,7 +52,62 @@ struct LiveRange {
   std::size_t first = SIZE_MAX, last = 0;
   int program = -1;
   bool whole_run = false;  // used by several programs or by none: live throughout
-  std::vector<std::pair<std::size_t, std::size_t>> segments;  // [begin, end], in order
+  // The segments [begin, end], in order, as runs of translates: a loop unrolled over many slots
+  // (gradient accumulation) gives a variable a segment of the same shape in each slot, and
+  // ranges compare run by run, not segment by segment. How the segments fall into runs does not
+  // matter to what they mean. The last segment stays open (it may still grow) until finish().
+  struct Run {
+    std::size_t begin, length;  // its first segment: [begin, begin + length]
+    std::size_t period, count;  // segment k: [begin + k * period, begin + length + k * period]
+    std::size_t end() const { return begin + length + (count - 1) * period; }
+  };
+  using Segment = std::pair<std::size_t, std::size_t>;
+  std::span<const Run> runs;  // once finished: in order, disjoint
+
+  bool empty() const { return !has_open_; }
+  const Segment& back() const { return open_; }
+  Segment& back() { return open_; }
+  void push_back(Segment s) {
+    if (has_open_) close(open_);
+    open_ = s;
+    has_open_ = true;
+  }
+  void pop_back() {
+    has_open_ = !closed_.empty();
+    if (!has_open_) return;
+    Run& r = closed_.back();
+    const std::size_t b = r.begin + (r.count - 1) * r.period;
+    open_ = {b, b + r.length};
+    if (--r.count == 0) closed_.pop_back();
+  }
+  // Closes the last segment; `pool` takes the runs (the ranges' runs side by side).
+  void finish(std::vector<Run>& pool) {
+    if (has_open_) close(open_);
+    has_open_ = false;
+    pool.insert(pool.end(), closed_.begin(), closed_.end());
+    std::vector<Run>().swap(closed_);
+  }
+  // One stretch of steps, without a hole.
+  bool solid() const { return runs.size() == 1 && runs.front().count == 1; }
+
+ private:
+  // The segment extends the last run if it is that run's next translate (or its second
+  // segment, of the same length), else begins a new run.
+  void close(Segment s) {
+    const auto [b, e] = s;
+    if (!closed_.empty()) {
+      Run& r = closed_.back();
+      if (e - b == r.length && (r.count == 1 || b == r.begin + r.count * r.period)) {
+        if (r.count == 1) r.period = b - r.begin;
+        ++r.count;
+        return;
+      }
+    }
+    closed_.push_back({b, e - b, 0, 1});
+  }
+  std::vector<Run> closed_;
+  Segment open_;
+  bool has_open_ = false;
 };
 
 // Walks the program trees, numbering every step that touches tile memory. A loop body runs
@@ -141,10 +197,10 @@ class LivenessWalk {
       r.last = std::max(r.last, position_);
       // A write in a branch that may not run leaves the old value possibly live; after a
       // WriteUndef of the whole variable there is no old value.
-      if (r.segments.empty() || (whole && conditional_ == 0) || killed_[a.var])
-        r.segments.emplace_back(position_, position_);
+      if (r.empty() || (whole && conditional_ == 0) || killed_[a.var])
+        r.push_back({position_, position_});
       else
-        r.segments.back().second = position_;
+        r.back().second = position_;
       killed_[a.var] = 0;
     }
     step_used_ = 0;
@@ -155,14 +211,13 @@ class LivenessWalk {
   void carry(LiveRange& r, std::size_t begin, std::size_t end) {
     r.first = std::min(r.first, begin);
     r.last = std::max(r.last, end);
-    auto& segments = r.segments;
-    while (!segments.empty() && segments.back().first >= begin) segments.pop_back();
+    while (!r.empty() && r.back().first >= begin) r.pop_back();
     std::size_t from = begin;
-    if (!segments.empty()) {
-      from = segments.back().first;
-      segments.pop_back();
+    if (!r.empty()) {
+      from = r.back().first;
+      r.pop_back();
     }
-    segments.emplace_back(from, end);
+    r.push_back({from, end});
   }
   // A WriteUndef kills each variable it covers whole: for liveness it is a write of the whole
   // variable that needs no bytes, so the next touch starts a new segment, and in a loop body
@@ -357,16 +412,70 @@ class TileLayout {
   static bool meet(const LiveRange& a, const LiveRange& b) {
     if (a.whole_run || b.whole_run) return true;
     if (a.last < b.first || b.last < a.first) return false;
-    auto i = a.segments.begin(), j = b.segments.begin();
-    while (i != a.segments.end() && j != b.segments.end()) {
-      if (i->second < j->first) {
+    // Runs of a range cover disjoint stretches in order: the one that ends first meets no later
+    // run of the other.
+    auto i = a.runs.begin(), j = b.runs.begin();
+    while (i != a.runs.end() && j != b.runs.end()) {
+      const std::size_t ei = i->end(), ej = j->end();
+      if (ei < j->begin) {
         ++i;
-      } else if (j->second < i->first) {
+      } else if (ej < i->begin) {
         ++j;
-      } else {
+      } else if (meet(*i, *j)) {
         return true;
+      } else if (ei < ej) {
+        ++i;
+      } else {
+        ++j;
       }
     }
+    return false;
+  }
+
+  using Run = LiveRange::Run;
+  static std::int64_t floor_div(std::int64_t a, std::int64_t b) {  // b > 0
+    return a >= 0 ? a / b : -((-a + b - 1) / b);
+  }
+  static std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return -floor_div(-a, b); }
+  // Whether steps [x, y] meet a segment of run r.
+  static bool meet(std::int64_t x, std::int64_t y, const Run& r) {
+    const auto b = static_cast<std::int64_t>(r.begin), l = static_cast<std::int64_t>(r.length);
+    if (r.count == 1) return b <= y && x <= b + l;
+    const auto p = static_cast<std::int64_t>(r.period), c = static_cast<std::int64_t>(r.count);
+    // Segment k meets [x, y] when b + k p <= y and x <= b + l + k p.
+    const std::int64_t lo = std::max<std::int64_t>(0, ceil_div(x - b - l, p));
+    const std::int64_t hi = std::min<std::int64_t>(c - 1, floor_div(y - b, p));
+    return lo <= hi;
+  }
+  // Whether a segment of run r meets one of run s.
+  static bool meet(const Run& r, const Run& s) {
+    if (r.count == 1)
+      return meet(static_cast<std::int64_t>(r.begin), static_cast<std::int64_t>(r.begin + r.length),
+                  s);
+    if (s.count == 1) return meet(s, r);
+    const auto b1 = static_cast<std::int64_t>(r.begin), l1 = static_cast<std::int64_t>(r.length),
+               c1 = static_cast<std::int64_t>(r.count);
+    const auto b2 = static_cast<std::int64_t>(s.begin), l2 = static_cast<std::int64_t>(s.length),
+               c2 = static_cast<std::int64_t>(s.count);
+    if (r.period == s.period) {
+      // Segment k of r meets segment k + d of s when b1 - b2 - l2 <= d p <= b1 + l1 - b2.
+      const auto p = static_cast<std::int64_t>(r.period);
+      const std::int64_t lo = std::max(-(c1 - 1), ceil_div(b1 - b2 - l2, p));
+      const std::int64_t hi = std::min(c2 - 1, floor_div(b1 + l1 - b2, p));
+      return lo <= hi;
+    }
+    // Different periods: each segment of the run with fewer of them in the other's stretch.
+    const Run& few = c1 <= c2 ? r : s;
+    const Run& many = c1 <= c2 ? s : r;
+    const auto b = static_cast<std::int64_t>(few.begin), l = static_cast<std::int64_t>(few.length),
+               p = static_cast<std::int64_t>(few.period);
+    const std::int64_t k0 =
+        std::max<std::int64_t>(0, ceil_div(static_cast<std::int64_t>(many.begin) - b - l, p));
+    const std::int64_t k1 =
+        std::min<std::int64_t>(static_cast<std::int64_t>(few.count) - 1,
+                               floor_div(static_cast<std::int64_t>(many.end()) - b, p));
+    for (std::int64_t k = k0; k <= k1; ++k)
+      if (meet(b + k * p, b + l + k * p, many)) return true;
     return false;
   }
 
@@ -374,7 +483,7 @@ class TileLayout {
   // single stretch of steps. Variables come in order of first step, and an entry not yet
   // retired lasts at least to the new one's first step, so its stretch holds that step. Such
   // entries meet each other too, hence never share bytes.
-  static bool sure(const Entry& e) { return e.range != nullptr && e.range->segments.size() == 1; }
+  static bool sure(const Entry& e) { return e.range != nullptr && e.range->solid(); }
 
   // Moves solid_ up over the sure entries that continue it without a gap.
   void extend_solid() {
@@ -435,6 +544,20 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
       if (std::find(timed.begin(), timed.end(), name) != timed.end()) continue;
       walk.walk_program(program, index++);
     }
+  }
+  std::size_t steps = 0;  // past the last step position
+  std::vector<LiveRange::Run> runs;
+  {
+    std::vector<std::size_t> begin(ranges.size() + 1, 0);
+    for (std::size_t i = 0; i < ranges.size(); ++i) {
+      ranges[i].finish(runs);
+      begin[i + 1] = runs.size();
+      if (ranges[i].program >= 0) steps = std::max(steps, ranges[i].last + 1);
+    }
+    runs.shrink_to_fit();
+    for (std::size_t i = 0; i < ranges.size(); ++i)
+      ranges[i].runs =
+          std::span<const LiveRange::Run>(runs).subspan(begin[i], begin[i + 1] - begin[i]);
   }
   // A variable's elements on one tile take one block of its memory (as Poplar lays out a
   // variable's tile elements contiguously), each mapping interval from an aligned offset, so
@@ -504,6 +627,7 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
   // at the lowest free offset, its bytes free again after its last step (a linear scan over
   // the step positions): variables never live at the same time share bytes.
   std::vector<std::size_t> used(arch.tiles, 0);
+  std::vector<std::ptrdiff_t> change(steps + 1, 0);  // per step position, of one tile's bytes
   for (unsigned t = 0; t < arch.tiles; ++t) {
     TileMemory& tm = memory_.tiles[t];
     auto& items = per_tile[t];
@@ -542,22 +666,29 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
       high = std::max(high, offset + it->block);
     }
     tm.not_always_live = rest.empty() ? 0 : high - top;
-    // Peak of simultaneously live bytes, to tell sharing apart from fragmentation.
-    std::vector<std::pair<std::size_t, std::ptrdiff_t>> changes;
-    std::size_t whole = 0;
+    // Peak of simultaneously live bytes, to tell sharing apart from fragmentation: the bytes
+    // that come to life and leave at each step, summed up in step order.
+    std::size_t whole = 0, lowest = SIZE_MAX, highest = 0;
     for (const auto& p : placed) {
       if (p.range->whole_run) {
         whole += p.bytes;
         continue;
       }
-      for (const auto& [begin, end] : p.range->segments) {
-        changes.emplace_back(begin, static_cast<std::ptrdiff_t>(p.bytes));
-        changes.emplace_back(end + 1, -static_cast<std::ptrdiff_t>(p.bytes));
+      const auto bytes = static_cast<std::ptrdiff_t>(p.bytes);
+      for (const LiveRange::Run& r : p.range->runs) {
+        for (std::size_t k = 0, b = r.begin; k < r.count; ++k, b += r.period) {
+          change[b] += bytes;
+          change[b + r.length + 1] -= bytes;
+        }
+        lowest = std::min(lowest, r.begin);
+        highest = std::max(highest, r.end() + 1);
       }
     }
-    std::sort(changes.begin(), changes.end());
     std::ptrdiff_t live = 0, peak = 0;
-    for (const auto& [pos, delta] : changes) peak = std::max(peak, live += delta);
+    for (std::size_t pos = lowest; pos <= highest && lowest != SIZE_MAX; ++pos) {
+      peak = std::max(peak, live += change[pos]);
+      change[pos] = 0;
+    }
     tm.peak_live = std::min(tm.not_always_live, whole + static_cast<std::size_t>(peak));
     used[t] = high;
     // The five largest, named (a tile can hold thousands of variables).
