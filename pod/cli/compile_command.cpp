@@ -17,26 +17,35 @@ namespace {
 
 constexpr int kStageReportTag = 1;
 
-[[noreturn]] void abort_compile(MPI_Comm world, const std::string& what) {
-  int rank = 0;
-  MPI_Comm_rank(world, &rank);
-  std::cerr << "ipupod compile: error on rank " << rank << ": " << what << std::endl;
+}  // namespace
+
+Ranks ranks_of(MPI_Comm world) {
+  Ranks r;
+  MPI_Comm_rank(world, &r.rank);
+  MPI_Comm_size(world, &r.size);
+  return r;
+}
+
+int usage_status(const Ranks& ranks, const char* command, const std::function<void()>& check) {
+  try {
+    check();
+  } catch (const UsageError& e) {
+    if (ranks.rank == 0) std::cerr << "ipupod " << command << ": " << e.what() << "\n";
+    return 2;
+  }
+  return 0;
+}
+
+[[noreturn]] void abort_command(MPI_Comm world, const char* command, const std::string& what) {
+  std::cerr << "ipupod " << command << ": error on rank " << ranks_of(world).rank << ": " << what
+            << std::endl;
   MPI_Abort(world, 1);
   std::abort();
 }
 
-}  // namespace
-
 int run_compile(const CompileConfig& c, MPI_Comm world) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(world, &rank);
-  MPI_Comm_size(world, &size);
-  try {
-    validate(c);
-  } catch (const UsageError& e) {
-    if (rank == 0) std::cerr << "ipupod compile: " << e.what() << "\n";
-    return 2;
-  }
+  const auto [rank, size] = ranks_of(world);
+  if (const int status = usage_status({rank, size}, "compile", [&] { validate(c); })) return status;
   std::vector<std::size_t> stages;
   for (std::size_t s = 0; s < c.train.stages; ++s)
     if (c.only_stages.empty() ||
@@ -95,7 +104,7 @@ int run_compile(const CompileConfig& c, MPI_Comm world) {
     std::cout << "wrote " << c.train.run_dir << "/{memory.json,compile.json}" << std::endl;
     return all_fit ? 0 : 1;
   } catch (const std::exception& e) {
-    if (size > 1) abort_compile(world, e.what());
+    if (size > 1) abort_command(world, "compile", e.what());
     std::cerr << "ipupod compile: " << e.what() << "\n";
     return 1;
   }

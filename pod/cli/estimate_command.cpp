@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ipu_process/arch.hpp"
+#include "pod/cli/compile_command.hpp"
 #include "pod/compiler/compiler.hpp"
 #include "pod/job/protocol.hpp"
 #include "pod/job/step_timing.hpp"
@@ -32,14 +33,6 @@ constexpr std::size_t kIpusPerHost = 16;
 constexpr double kMaxHostInputRate = 1e12;
 constexpr std::size_t kMaxSteps = 1000;
 constexpr std::size_t kMaxJobs = 10000;
-
-[[noreturn]] void abort_estimate(MPI_Comm world, const std::string& what) {
-  int rank = 0;
-  MPI_Comm_rank(world, &rank);
-  std::cerr << "ipupod estimate: error on rank " << rank << ": " << what << std::endl;
-  MPI_Abort(world, 1);
-  std::abort();
-}
 
 // The parts of a host step, in seconds, each what one part of the machine would take if it
 // were the only one: the step takes the IPU's own time or the host's input time, the larger.
@@ -390,15 +383,9 @@ void validate(const EstimateConfig& c) {
 }
 
 int run_estimate(const EstimateConfig& c, MPI_Comm world) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(world, &rank);
-  MPI_Comm_size(world, &size);
-  try {
-    validate(c);
-  } catch (const UsageError& e) {
-    if (rank == 0) std::cerr << "ipupod estimate: " << e.what() << "\n";
-    return 2;
-  }
+  const auto [rank, size] = ranks_of(world);
+  if (const int status = usage_status({rank, size}, "estimate", [&] { validate(c); }))
+    return status;
   const std::string& run_dir = c.compile.train.run_dir;
   const std::vector<Job> jobs = jobs_of(c);
   const std::vector<Unit> units = units_of(c, jobs);
@@ -523,7 +510,7 @@ int run_estimate(const EstimateConfig& c, MPI_Comm world) {
               << std::endl;
     return all_fit ? 0 : 1;
   } catch (const std::exception& e) {
-    if (size > 1) abort_estimate(world, e.what());
+    if (size > 1) abort_command(world, "estimate", e.what());
     std::cerr << "ipupod estimate: " << e.what() << "\n";
     return 1;
   }
