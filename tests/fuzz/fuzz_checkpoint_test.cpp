@@ -83,7 +83,7 @@ TEST(FuzzCheckpoint, DamagedFilesLoadIntactOrAreRefusedWithAReason) {
   const std::string path = dir.file("fuzzed.h5");
   std::size_t refused = 0;
   const std::size_t runs =
-      ipupod::fuzz::fuzz_loop("checkpoint files", 20000, [&](std::size_t, Rng& rng) {
+      ipupod::fuzz::fuzz_loop("checkpoint files", 20000, 200, [&](std::size_t, Rng& rng) {
         write_bytes(path, ipupod::fuzz::mutate_bytes(a, b, rng));
         try {
           const Checkpoint loaded = ipupod::host::load_checkpoint(path);
@@ -97,7 +97,6 @@ TEST(FuzzCheckpoint, DamagedFilesLoadIntactOrAreRefusedWithAReason) {
         }
       });
   if (!ipupod::fuzz::replaying()) {
-    EXPECT_GE(runs, 200u);
     EXPECT_GT(refused, runs / 2);  // most damage is found
   }
 }
@@ -162,59 +161,57 @@ TEST(FuzzCheckpoint, MutatedResumeRecordsResumeOrAreRefusedWithAReason) {
   std::ostringstream quiet;
   std::streambuf* const stdout_buffer = std::cout.rdbuf(quiet.rdbuf());
   std::size_t resumed = 0;
-  const std::size_t runs =
-      ipupod::fuzz::fuzz_loop("resume records", 20000, [&](std::size_t i, Rng& rng) {
-        nlohmann::json config = seed.config_json, state = seed.state, order = seed.order,
-                       metrics = seed.metrics;
-        Checkpoint checkpoint = seed.checkpoint;
-        const std::size_t part = i == 0 ? 99 : pick(rng, 5);  // input 0: the seed itself
-        if (part == 0) config = ipupod::fuzz::mutate_json(config, rng);
-        if (part == 1) state = ipupod::fuzz::mutate_json(state, rng);
-        if (part == 2) order = ipupod::fuzz::mutate_json(order, rng);
-        if (part == 3) metrics = ipupod::fuzz::mutate_json(metrics, rng);
-        if (part == 4) {
-          HostArray& weight = checkpoint.tensors.at("fc0.weight");
-          switch (pick(rng, 3)) {
-            case 0:
-              weight.as<float>()[pick(rng, 12)] = std::numeric_limits<float>::quiet_NaN();
-              break;
-            case 1:
-              weight.as<float>()[pick(rng, 12)] = -std::numeric_limits<float>::infinity();
-              break;
-            default:
-              weight = HostArray::zeros(DType::f32, {3, 4});
-              break;
-          }
-        }
-        const std::string other = seed.state.dump();
-        const std::string metrics_text = ipupod::fuzz::json_text(metrics, other, rng);
-        { std::ofstream(metrics_path, std::ios::binary | std::ios::trunc) << metrics_text; }
-        if (state.is_object() && (part != 1 || pick(rng, 2) == 0))
-          state["metrics_crc32c"] = text_crc(metrics_text);
-        checkpoint.config_json = ipupod::fuzz::json_text(config, other, rng);
-        checkpoint.state_json = ipupod::fuzz::json_text(state, other, rng);
-        checkpoint.rng_states["loader_shuffle"] = ipupod::fuzz::json_text(order, other, rng);
-        ipupod::host::save_checkpoint(path, checkpoint);
-        ipupod::pod::Startup startup = seed.startup;
-        ipupod::pod::Progress progress;
-        try {
-          ipupod::pod::load_resume(seed.config, startup, progress);
-          ++resumed;
-          EXPECT_TRUE(startup.resume);
-          EXPECT_LT(progress.epoch, seed.config.epochs);
-          EXPECT_LT(progress.step, seed.startup.train_steps);
-          EXPECT_EQ(progress.host_step, progress.epoch * seed.startup.train_steps + progress.step);
-        } catch (const CheckpointError& e) {
-          EXPECT_NE(std::string(e.what()).find("checkpoint"), std::string::npos) << e.what();
-        } catch (const ipupod::pod::UsageError& e) {
-          EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
-        } catch (const std::exception& e) {
-          ADD_FAILURE() << "neither CheckpointError nor UsageError: " << e.what();
-        }
-      });
+  ipupod::fuzz::fuzz_loop("resume records", 20000, 20, [&](std::size_t i, Rng& rng) {
+    nlohmann::json config = seed.config_json, state = seed.state, order = seed.order,
+                   metrics = seed.metrics;
+    Checkpoint checkpoint = seed.checkpoint;
+    const std::size_t part = i == 0 ? 99 : pick(rng, 5);  // input 0: the seed itself
+    if (part == 0) config = ipupod::fuzz::mutate_json(config, rng);
+    if (part == 1) state = ipupod::fuzz::mutate_json(state, rng);
+    if (part == 2) order = ipupod::fuzz::mutate_json(order, rng);
+    if (part == 3) metrics = ipupod::fuzz::mutate_json(metrics, rng);
+    if (part == 4) {
+      HostArray& weight = checkpoint.tensors.at("fc0.weight");
+      switch (pick(rng, 3)) {
+        case 0:
+          weight.as<float>()[pick(rng, 12)] = std::numeric_limits<float>::quiet_NaN();
+          break;
+        case 1:
+          weight.as<float>()[pick(rng, 12)] = -std::numeric_limits<float>::infinity();
+          break;
+        default:
+          weight = HostArray::zeros(DType::f32, {3, 4});
+          break;
+      }
+    }
+    const std::string other = seed.state.dump();
+    const std::string metrics_text = ipupod::fuzz::json_text(metrics, other, rng);
+    { std::ofstream(metrics_path, std::ios::binary | std::ios::trunc) << metrics_text; }
+    if (state.is_object() && (part != 1 || pick(rng, 2) == 0))
+      state["metrics_crc32c"] = text_crc(metrics_text);
+    checkpoint.config_json = ipupod::fuzz::json_text(config, other, rng);
+    checkpoint.state_json = ipupod::fuzz::json_text(state, other, rng);
+    checkpoint.rng_states["loader_shuffle"] = ipupod::fuzz::json_text(order, other, rng);
+    ipupod::host::save_checkpoint(path, checkpoint);
+    ipupod::pod::Startup startup = seed.startup;
+    ipupod::pod::Progress progress;
+    try {
+      ipupod::pod::load_resume(seed.config, startup, progress);
+      ++resumed;
+      EXPECT_TRUE(startup.resume);
+      EXPECT_LT(progress.epoch, seed.config.epochs);
+      EXPECT_LT(progress.step, seed.startup.train_steps);
+      EXPECT_EQ(progress.host_step, progress.epoch * seed.startup.train_steps + progress.step);
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("checkpoint"), std::string::npos) << e.what();
+    } catch (const ipupod::pod::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "neither CheckpointError nor UsageError: " << e.what();
+    }
+  });
   std::cout.rdbuf(stdout_buffer);
   if (!ipupod::fuzz::replaying()) {
-    EXPECT_GE(runs, 20u);    // each input is saved with fsync: few per second
     EXPECT_GE(resumed, 1u);  // the seed itself resumes
   }
 }

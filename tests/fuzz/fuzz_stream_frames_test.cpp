@@ -102,23 +102,19 @@ void check_one(const Bytes& input, std::uint64_t max_payload_bytes) {
 TEST(FuzzStreamFrames, MutatedFramesDecodeExactlyOrAreRefusedWithAReason) {
   const std::vector<Bytes> frames = valid_frames();
   for (const Bytes& frame : frames) check_one(frame, kMaxPayloadBytes);  // the seeds themselves
-  const std::size_t runs =
-      ipupod::fuzz::fuzz_loop("stream frames", 200000, [&](std::size_t, Rng& rng) {
-        const Bytes input = fuzz_input(frames, rng);
-        // Sometimes a receiver's own smaller bound (the hello frame's, a small stream's).
-        const std::uint64_t bound = pick(rng, 4) == 0 ? pick(rng, 64) : kMaxPayloadBytes;
-        check_one(input, bound);
-      });
-  if (!ipupod::fuzz::replaying()) {
-    EXPECT_GE(runs, 1000u);
-  }
+  ipupod::fuzz::fuzz_loop("stream frames", 200000, 1000, [&](std::size_t, Rng& rng) {
+    const Bytes input = fuzz_input(frames, rng);
+    // Sometimes a receiver's own smaller bound (the hello frame's, a small stream's).
+    const std::uint64_t bound = pick(rng, 4) == 0 ? pick(rng, 64) : kMaxPayloadBytes;
+    check_one(input, bound);
+  });
 }
 
 // read_frame as a connection calls it: the reader may fail at any point (the peer went away) and
 // the payload buffer comes from a pool; the reader's StreamError passes through unchanged.
 TEST(FuzzStreamFrames, ReaderFailuresAtAnyPointPassThrough) {
   const std::vector<Bytes> frames = valid_frames();
-  ipupod::fuzz::fuzz_loop("stream reads", 50000, [&](std::size_t, Rng& rng) {
+  ipupod::fuzz::fuzz_loop("stream reads", 50000, 0, [&](std::size_t, Rng& rng) {
     const Bytes input = fuzz_input(frames, rng);
     const std::size_t fail_after = pick(rng, input.size() + 8);
     std::size_t offset = 0;

@@ -41,9 +41,12 @@ inline bool replaying() {
 }
 
 // Runs `one(iteration, rng)` for inputs 0, 1, ... until `max_iterations` or the time budget,
-// each with its own generator seeded from (seed, iteration) so that one input can be replayed.
-// A failed expectation stops the loop and names the input. Returns the inputs run.
+// but at least `min_iterations` whatever the time (a loaded machine or a sanitizer build runs
+// fewer per second), each with its own generator seeded from (seed, iteration) so that one input
+// can be replayed. A failed expectation stops the loop and names the input. Returns the inputs
+// run.
 inline std::size_t fuzz_loop(const std::string& target, std::size_t max_iterations,
+                             std::size_t min_iterations,
                              const std::function<void(std::size_t, Rng&)>& one) {
   const std::uint64_t seed = env_number("IPUPOD_FUZZ_SEED", 20);
   const std::uint64_t only = env_number("IPUPOD_FUZZ_ITERATION", UINT64_MAX);
@@ -62,7 +65,9 @@ inline std::size_t fuzz_loop(const std::string& target, std::size_t max_iteratio
                     << " IPUPOD_FUZZ_ITERATION=" << i;
       break;
     }
-    if (only != UINT64_MAX || std::chrono::steady_clock::now() > deadline) break;
+    if (only != UINT64_MAX ||
+        (done >= min_iterations && std::chrono::steady_clock::now() > deadline))
+      break;
   }
   std::cerr << target << ": " << done << " inputs (seed " << seed << ")" << std::endl;
   return done;
