@@ -33,6 +33,8 @@ std::vector<ArchPreset> make_presets() {
   mk2.workers_per_tile = 6;
   mk2.fp32_flops_per_cycle_per_tile = 32;
   mk2.fp16_flops_per_cycle_per_tile = 128;
+  mk2.fp16_fp32_partials_flops_per_cycle_per_tile = 64;
+  mk2.amp_pipeline_depth = 4;
   mk2.fp32_vector_width = 2;
   mk2.exchange_bytes_per_cycle_per_tile = 4;
   mk2.exchange_latency_cycles = 30;
@@ -61,6 +63,7 @@ std::vector<ArchPreset> make_presets() {
   mk1.clock_hz = 1.6e9;
   mk1.fp32_flops_per_cycle_per_tile = 16;
   mk1.fp16_flops_per_cycle_per_tile = 64;
+  mk1.fp16_fp32_partials_flops_per_cycle_per_tile = 64;
   mk1.sources = {
       "tiles, SRAM per tile, clock: Jia et al. arXiv 1912.03413",
       "FLOP per cycle per tile: 31.1 TFLOPS FP32 and 124.5 TFLOPS FP16 / 1216 tiles / 1.6 GHz",
@@ -196,6 +199,8 @@ ArchPreset load_preset_file(const std::string& path) {
                                                  "workers_per_tile",
                                                  "fp32_flops_per_cycle_per_tile",
                                                  "fp16_flops_per_cycle_per_tile",
+                                                 "fp16_fp32_partials_flops_per_cycle_per_tile",
+                                                 "amp_pipeline_depth",
                                                  "fp32_vector_width",
                                                  "exchange_bytes_per_cycle_per_tile",
                                                  "exchange_latency_cycles",
@@ -217,6 +222,9 @@ ArchPreset load_preset_file(const std::string& path) {
   whole("workers_per_tile", p.workers_per_tile, 1, kMaxLanes);
   real("fp32_flops_per_cycle_per_tile", p.fp32_flops_per_cycle_per_tile, false);
   real("fp16_flops_per_cycle_per_tile", p.fp16_flops_per_cycle_per_tile, true);
+  real("fp16_fp32_partials_flops_per_cycle_per_tile", p.fp16_fp32_partials_flops_per_cycle_per_tile,
+       true);
+  whole("amp_pipeline_depth", p.amp_pipeline_depth, 0, kMaxLanes);
   whole("fp32_vector_width", p.fp32_vector_width, 1, kMaxLanes);
   real("exchange_bytes_per_cycle_per_tile", p.exchange_bytes_per_cycle_per_tile, false);
   whole("exchange_latency_cycles", p.exchange_latency_cycles, 0, kMaxEventCycles);

@@ -84,14 +84,33 @@ std::uint64_t field_vector_cycles(const Vertex& vertex, const ArchPreset& arch, 
   return vector_cycles(arch, elements, instructions_per_vector, dtype);
 }
 
-std::uint64_t amp_cycles(const ArchPreset& arch, double flops, DType dtype) {
-  // One worker gets 1/workers of the tile's issue slots, hence of its AMP rate.
-  // A preset file without an FP16 figure computes float16 at the FP32 rate.
-  const double rate = dtype == DType::f16 && arch.fp16_flops_per_cycle_per_tile > 0
-                          ? arch.fp16_flops_per_cycle_per_tile
-                          : arch.fp32_flops_per_cycle_per_tile;
-  const double per_worker = rate / arch.workers_per_tile;
-  return arch.vertex_overhead_cycles + static_cast<std::uint64_t>(std::ceil(flops / per_worker));
+double amp_macs_per_cycle(const ArchPreset& arch, DType dtype, bool half_partials) {
+  // A preset without FP16 figures computes float16 at the FP32 rate.
+  double flops = arch.fp32_flops_per_cycle_per_tile;
+  if (dtype == DType::f16 && arch.fp16_flops_per_cycle_per_tile > 0)
+    flops = half_partials || !(arch.fp16_fp32_partials_flops_per_cycle_per_tile > 0)
+                ? arch.fp16_flops_per_cycle_per_tile
+                : arch.fp16_fp32_partials_flops_per_cycle_per_tile;
+  return flops / 2;
+}
+
+std::uint64_t mac_cycles(const ArchPreset& arch, double macs, DType dtype, const AmpShape& shape) {
+  const double lanes = static_cast<double>(arch.fp32_vector_width * sizeof(float)) /
+                       static_cast<double>(dtype_size(dtype));
+  const double amp = amp_macs_per_cycle(arch, dtype, shape.half_partials);
+  // The unit sums amp_pipeline_depth loads of `lanes` inputs into each output, and its engines
+  // (amp / lanes of them: one load of `lanes` inputs per engine per cycle) work on as many
+  // outputs; a shorter depth or fewer outputs leave part of it idle.
+  const auto fill = [](double n, double chunk) {
+    if (n <= 0 || chunk <= 1) return 1.0;
+    return n / (std::ceil(n / chunk) * chunk);
+  };
+  const double depth_chunk = static_cast<double>(arch.amp_pipeline_depth) * lanes;
+  const double engines = std::max(1.0, amp / lanes);
+  const double filled = amp * fill(shape.depth, depth_chunk) * fill(shape.width, engines);
+  // One worker gets 1/workers of the tile's issue slots, hence of either unit's rate.
+  const double per_worker = std::max(filled, lanes) / arch.workers_per_tile;
+  return arch.vertex_overhead_cycles + static_cast<std::uint64_t>(std::ceil(macs / per_worker));
 }
 
 }  // namespace ipupod::ipu

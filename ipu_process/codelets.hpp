@@ -93,7 +93,22 @@ class CodeletRegistry {
 // float16 as float32); the AMP runs at the preset's FP16 rate for float16 operands.
 std::uint64_t vector_cycles(const ArchPreset& arch, std::size_t elements,
                             std::size_t instructions_per_vector, DType dtype = DType::f32);
-std::uint64_t amp_cycles(const ArchPreset& arch, double flops, DType dtype = DType::f32);
+// The shape of a matrix-unit (AMP) product, which sets how well it fills the unit: `depth` terms
+// summed into each output (a group's input channels, or a matmul's inner dimension; the unit
+// takes them in chunks of amp_pipeline_depth x vector lanes) and `width` outputs that share each
+// input (a group's output channels, or a matmul's columns; the unit's engines take them in
+// chunks of one per engine). Partial sums in float16 ("half partials") or float32.
+struct AmpShape {
+  double depth = 0, width = 0;  // 0: large enough to fill the unit
+  bool half_partials = false;
+};
+// Cycles of a worker doing `macs` multiply-accumulates of `dtype` operands: the AMP's rate for
+// the operand and partials types, scaled by how well the shape fills it, or the vector unit's
+// (one lane-wide multiply-add per cycle) where that is faster, as PopLibs takes depthwise
+// convolutions off the AMP.
+std::uint64_t mac_cycles(const ArchPreset& arch, double macs, DType dtype, const AmpShape& shape);
+// The AMP's multiply-accumulates per cycle per tile for the operand and partials types.
+double amp_macs_per_cycle(const ArchPreset& arch, DType dtype, bool half_partials);
 // vector_cycles over the elements of every region of the vertex's field `field` (of its dtype).
 std::uint64_t field_vector_cycles(const Vertex& vertex, const ArchPreset& arch, std::size_t field,
                                   std::size_t instructions_per_vector);

@@ -231,6 +231,11 @@ class Graph {
   // availableMemoryProportion); in (0, 1].
   double available_memory_proportion() const { return available_memory_proportion_; }
   void set_available_memory_proportion(double proportion);
+  // Whether the matrix unit keeps float16 products' partial sums in float16 (PopTorch's
+  // Precision.setPartialsType(torch.half)): the AMP's faster FP16.16 rate in the cycle
+  // estimates. Sums are still accumulated in float32 here (see MatMulBlock and ConvForward).
+  bool half_partials() const { return half_partials_; }
+  void set_half_partials(bool half) { half_partials_ = half; }
 
   Tensor add_variable(DType dtype, std::vector<std::size_t> shape, std::string name,
                       MemoryCategory category = MemoryCategory::activation);
@@ -293,6 +298,7 @@ class Graph {
 
  private:
   double available_memory_proportion_ = kDefaultAvailableMemoryProportion;
+  bool half_partials_ = false;
   const ArchPreset& arch_;
   std::deque<Variable> variables_;  // grows without moving: millions at full size
   std::size_t tensors_made_ = 0;

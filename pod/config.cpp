@@ -175,6 +175,8 @@ void validate_job(const TrainConfig& c) {
   if (!(c.weight_decay >= 0) || !std::isfinite(c.weight_decay))
     throw UsageError("--weight-decay must be a finite number >= 0, got " +
                      std::to_string(c.weight_decay));
+  if (c.partials_type != "float" && c.partials_type != "half")
+    throw UsageError("--partials-type must be float or half, got '" + c.partials_type + "'");
   if (c.precision != "fp32" && c.precision != "fp16")
     throw UsageError("--precision must be fp32 or fp16, got '" + c.precision + "'");
   if (!(c.loss_scaling > 0) || !std::isfinite(c.loss_scaling))
@@ -199,6 +201,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"stages", c.stages},
           {"recompute", c.recompute},
           {"available_memory_proportion", c.available_memory_proportion},
+          {"partials_type", c.partials_type},
           {"split", c.split},
           {"micro_batch", c.micro_batch},
           {"gradient_accumulation", c.gradient_accumulation},

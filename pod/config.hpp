@@ -42,6 +42,9 @@ struct TrainConfig {
   bool recompute = false;  // grouped pipeline: re-run forward ops instead of stashing activations
   // Share of each tile's memory one op's plan may use (Poplar's availableMemoryProportion).
   double available_memory_proportion = ipu::kDefaultAvailableMemoryProportion;
+  // The matrix unit's partial sums: "float" or "half" (PopTorch's Precision.setPartialsType);
+  // half gives float16 products the AMP's FP16.16 rate in the cycle estimates.
+  std::string partials_type = "float";
   std::string split = "model";  // stages from the model's split marks, or "auto" (balanced)
   std::size_t micro_batch = 16;
   std::size_t gradient_accumulation = 1;

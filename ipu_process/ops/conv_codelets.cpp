@@ -69,8 +69,9 @@ inline void store4(float* p, Vec4 v) {
 using Mask4 = std::int32_t __attribute__((vector_size(16)));  // lanes all ones or all zeros
 
 // Multiply-accumulates of a vertex with `outputs` output elements of `taps` taps each.
-std::uint64_t mac_cycles(const ArchPreset& arch, double outputs, double taps, DType dtype) {
-  return amp_cycles(arch, 2.0 * outputs * taps, dtype);
+std::uint64_t conv_mac_cycles(const ArchPreset& arch, double outputs, double taps, DType dtype,
+                              const AmpShape& shape) {
+  return mac_cycles(arch, outputs * taps, dtype, shape);
 }
 
 // One input row a convolution output row reads: channel c's row under kernel row i (pointing
@@ -465,8 +466,8 @@ void register_conv_codelets(CodeletRegistry& r) {
          conv_forward,
          [k](const Vertex& v, const ArchPreset& a) {
            const double taps = v.params[k + 3] * v.params[4] * v.params[5];
-           return mac_cycles(a, static_cast<double>(region_elements(v, 2)), taps,
-                             v.fields[0][0].dtype());
+           return conv_mac_cycles(a, static_cast<double>(region_elements(v, 2)), taps,
+                                  v.fields[0][0].dtype(), ConvGeometry::forward_shape(v));
          },
          {"out"}});
   r.add({"ConvGradInput",
@@ -480,8 +481,8 @@ void register_conv_codelets(CodeletRegistry& r) {
            // Only one tap in stride_h x stride_w lands on a given input pixel.
            const double taps =
                v.params[k + 3] * v.params[4] * v.params[5] / (v.params[6] * v.params[7]);
-           return mac_cycles(a, static_cast<double>(region_elements(v, 2)), taps,
-                             v.fields[0][0].dtype());
+           return conv_mac_cycles(a, static_cast<double>(region_elements(v, 2)), taps,
+                                  v.fields[0][0].dtype(), ConvGeometry::grad_input_shape(v));
          },
          {"dx"}});
   r.add({"ConvGradWeight",
@@ -492,8 +493,8 @@ void register_conv_codelets(CodeletRegistry& r) {
          conv_grad_weight,
          [k](const Vertex& v, const ArchPreset& a) {
            const double per_weight = v.params[k] * v.params[k + 5] * v.params[3];
-           return mac_cycles(a, static_cast<double>(region_elements(v, 2)), per_weight,
-                             v.fields[0][0].dtype());
+           return conv_mac_cycles(a, static_cast<double>(region_elements(v, 2)), per_weight,
+                                  v.fields[0][0].dtype(), ConvGeometry::grad_weight_shape(v));
          },
          {"dw"}});
   r.add({"ConvPartialsSum",

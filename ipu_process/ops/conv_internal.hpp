@@ -22,18 +22,32 @@ inline Index signed_of(std::size_t v) {
 // The geometry every convolution codelet reads from its first parameters.
 struct ConvGeometry {
   std::size_t h, w, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl;
-  static constexpr std::size_t kParams = 12;
+  // For the cycle estimates only: a group's input and output channels (how the convolution
+  // fills the AMP) and whether its partial sums are float16.
+  std::size_t cig, cog, half_partials;
+  static constexpr std::size_t kParams = 15;
   static ConvGeometry read(const VertexContext& c) {
     ConvGeometry g{};
-    std::size_t* f[] = {&g.h,  &g.w,  &g.oh, &g.ow, &g.kh, &g.kw,
-                        &g.sh, &g.sw, &g.dh, &g.dw, &g.pt, &g.pl};
+    std::size_t* f[] = {&g.h,  &g.w,  &g.oh, &g.ow, &g.kh,  &g.kw,  &g.sh,
+                        &g.sw, &g.dh, &g.dw, &g.pt, &g.pl, &g.cig, &g.cog, &g.half_partials};
     for (std::size_t i = 0; i < kParams; ++i) *f[i] = c.size_param(i);
     return g;
   }
   void append(std::vector<double>& p) const {
-    for (std::size_t v : {h, w, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl})
+    for (std::size_t v : {h, w, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl, cig, cog, half_partials})
       p.push_back(static_cast<double>(v));
   }
+  // The AMP shape of each pass (see AmpShape), from a vertex's parameters.
+  static AmpShape forward_shape(const Vertex& v) { return {v.params[12], v.params[13], half(v)}; }
+  static AmpShape grad_input_shape(const Vertex& v) {
+    return {v.params[13], v.params[12], half(v)};
+  }
+  // The weight update sums over the batch and the field (deep); each product feeds a group's
+  // output channels.
+  static AmpShape grad_weight_shape(const Vertex& v) { return {0, v.params[13], half(v)}; }
+
+ private:
+  static bool half(const Vertex& v) { return v.params[14] != 0; }
 };
 
 inline std::size_t ceil_div(std::size_t a, std::size_t b) {
@@ -44,9 +58,10 @@ inline std::size_t ceil_div(std::size_t a, std::size_t b) {
 struct Dims {
   std::size_t n, ci, h, w, co, kh, kw, oh, ow, groups, cig, cog, taps;
   ConvParams p;
-  ConvGeometry geometry() const {
-    return {h,          w,          oh,           ow,           kh,        kw,
-            p.stride_h, p.stride_w, p.dilation_h, p.dilation_w, p.pad_top, p.pad_left};
+  ConvGeometry geometry(bool half_partials) const {
+    return {h,          w,          oh,           ow,           kh,        kw,  p.stride_h,
+            p.stride_w, p.dilation_h, p.dilation_w, p.pad_top, p.pad_left, cig, cog,
+            half_partials ? 1u : 0u};
   }
   // Input rows [first, end) that output rows [r0, r1) read, clipped to the image.
   std::pair<std::size_t, std::size_t> input_rows(std::size_t r0, std::size_t r1) const {

@@ -95,7 +95,7 @@ Tensor conv2d(Graph& graph, Program& prog, const Tensor& x, const Tensor& w,
       }
   CopyRuns copies;
   const ComputeSetId cs = graph.add_compute_set(name);
-  const ConvGeometry geo = d.geometry();
+  const ConvGeometry geo = d.geometry(graph.half_partials());
   TilePieces x_pieces(graph, x.dtype(), name + "/x"), w_pieces(graph, w.dtype(), name + "/w");
   for (std::size_t bb = 0; bb < plan.batch_blocks; ++bb)
     for (std::size_t cb = 0; cb < plan.channel_blocks; ++cb)
@@ -160,7 +160,7 @@ Tensor grad_input(Graph& graph, Program& prog, const Tensor& dy, const Tensor& w
       }
   CopyRuns copies;
   const ComputeSetId cs = graph.add_compute_set(name);
-  const ConvGeometry geo = d.geometry();
+  const ConvGeometry geo = d.geometry(graph.half_partials());
   TilePieces dy_pieces(graph, dy.dtype(), name + "/dy"), w_pieces(graph, w.dtype(), name + "/w");
   for (std::size_t bb = 0; bb < plan.batch_blocks; ++bb)
     for (std::size_t cb = 0; cb < plan.channel_blocks; ++cb)
@@ -264,7 +264,7 @@ Tensor conv2d_grad_weight(Graph& graph, Program& prog, const Tensor& dy, const T
   Tensor dw = graph.add_variable(x.dtype(), weight_shape, name);
   CopyRuns copies;
   const ComputeSetId cs = graph.add_compute_set(name);
-  const ConvGeometry geo = d.geometry();
+  const ConvGeometry geo = d.geometry(graph.half_partials());
   const std::size_t workers = graph.arch().workers_per_tile;
   // partials[cb][p]: the weight-gradient block of part p (dw itself when there is one part).
   std::vector<std::vector<Tensor>> partials(plan.channel_blocks);

@@ -336,7 +336,8 @@ void register_matmul_codelets(CodeletRegistry& r) {
   r.add({"MatMulBlock",
          "rows [r0, r0 + rows) of a tile's output block: c[i] = op(a)[r0 + i, :] x op(b), the "
          "rows laid end to end in the regions of c (one region per row, or one for all); "
-         "params: block rows bm, depth k, block columns bn, a transposed, b transposed, r0. "
+         "params: block rows bm, depth k, block columns bn, a transposed, b transposed, r0, "
+         "half partials (the AMP rate only). "
          "Each element is a float32 sum over p = 0..k-1 in increasing order, starting from 0 "
          "(one fused multiply-add per term on hosts with FMA, a multiply then an add otherwise)",
          {"a", "b", "c"},
@@ -357,8 +358,10 @@ void register_matmul_codelets(CodeletRegistry& r) {
          [](const Vertex& v, const ArchPreset& a) {
            std::size_t elements = 0;
            for (const Tensor& t : v.fields[2]) elements += t.elements();
-           return amp_cycles(a, 2.0 * static_cast<double>(elements) * v.params[1],
-                             v.fields[0][0].dtype());
+           // Each output sums `depth` products; the block's columns share each row of a.
+           return mac_cycles(a, static_cast<double>(elements) * v.params[1],
+                             v.fields[0][0].dtype(),
+                             {v.params[1], v.params[2], v.params.size() > 6 && v.params[6] != 0});
          }});
   r.add({"MatMulReduce",
          "out = partials[0] + partials[1] + ... (float32, added in region order) for the "
@@ -396,28 +399,43 @@ struct PlanCost {
 
 // The cycles and bytes of one candidate, with the same estimators the codelets and the engine
 // use: AMP cycles of the busiest worker, exchange bytes into the busiest tile, a sync per step.
+// bk is the depth a tile multiplies at once: k / splits, or k / serial when the inner dimension
+// is taken in `serial` passes on the same tiles (then splits is 1).
 PlanCost plan_cost(const ArchPreset& arch, std::size_t bm, std::size_t bk, std::size_t bn,
-                   std::size_t splits) {
+                   std::size_t splits, std::size_t serial = 1) {
   const double workers = arch.workers_per_tile;
   const double rows_per_worker = std::ceil(static_cast<double>(bm) / workers);
   const double per_worker_flops = arch.fp32_flops_per_cycle_per_tile / workers;
   const double exchange_rate = arch.exchange_bytes_per_cycle_per_tile;
   const double sync = static_cast<double>(arch.sync_cycles_internal);
   const double latency = static_cast<double>(arch.exchange_latency_cycles);
+  const double block = static_cast<double>(bm * bn);
+  // Adding `parts` blocks of partial sums of `share` elements per tile: a vector pass.
+  const auto reduce_cycles = [&](double share, double parts) {
+    const double per_worker = std::ceil(share / workers);
+    return arch.vertex_overhead_cycles +
+           std::ceil(per_worker / arch.fp32_vector_width) * parts * workers + sync;
+  };
   PlanCost c;
   const double operand_bytes = 4.0 * static_cast<double>(bm * bk + bk * bn);
   c.cycles = latency + operand_bytes / exchange_rate + sync;  // operands in
   c.cycles += arch.vertex_overhead_cycles +
               std::ceil(2.0 * rows_per_worker * bk * bn / per_worker_flops) + sync;
-  c.bytes = operand_bytes + 4.0 * static_cast<double>(bm * bn);
+  c.bytes = operand_bytes + 4.0 * block;
+  if (serial > 1) {
+    // Every pass brings its operand pieces into the same temporary memory and leaves a block
+    // of partial sums; from the second pass on the running sum and the new block are added
+    // into a third block (the last pass's sum goes to the output).
+    const double passes = static_cast<double>(serial);
+    c.cycles = passes * c.cycles + (passes - 1) * reduce_cycles(block, 2);
+    c.bytes = operand_bytes + 3.0 * 4.0 * block;
+  }
   if (splits > 1) {
     // Each of the block's tiles adds up 1/splits of it: the other partials come in, the sum
     // of the share is written in place of the output.
-    const double share = std::ceil(static_cast<double>(bm * bn) / splits);
-    const double per_worker = std::ceil(share / workers);
+    const double share = std::ceil(block / splits);
     c.cycles += latency + 4.0 * (splits - 1) * share / exchange_rate + sync;
-    c.cycles += arch.vertex_overhead_cycles +
-                std::ceil(per_worker / arch.fp32_vector_width) * splits * workers + sync;
+    c.cycles += reduce_cycles(share, static_cast<double>(splits));
     c.bytes += 4.0 * static_cast<double>(splits) * share;
   }
   return c;
@@ -438,10 +456,111 @@ void copy_block(CopyRuns& copies, const Tensor& src, std::size_t row_length, std
                dst.slice((r - row0) * width, (r - row0 + 1) * width));
 }
 
+// The serial plan's lowering: every output block stays on one tile, which multiplies the
+// inner dimension in plan.k_serial passes. Pass p brings in its operand pieces (new
+// temporaries, which the memory plan lays over the last pass's) and leaves a float32 block of
+// partial sums; from the second pass on, MatMulReduce adds the running sum and the new block,
+// in k order, so the sums are those of a parallel split at the same boundaries; the last pass's
+// sum is written to c.
+void matmul_serial(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, bool ta,
+                   bool tb, const MatMulPlan& plan, std::size_t m, std::size_t k, std::size_t n,
+                   const Tensor& c, const std::string& name) {
+  const std::size_t bm = ceil_div(m, plan.row_blocks), bn = ceil_div(n, plan.col_blocks);
+  const std::size_t bk = ceil_div(k, plan.k_serial);
+  const std::size_t workers = graph.arch().workers_per_tile;
+  const Tensor a_flat = a.flatten(), b_flat = b.flatten();
+  struct Block {
+    std::size_t r0, rows, c0, cols;
+    unsigned tile;
+    Tensor sum;  // the running float32 sum of the passes so far
+  };
+  std::vector<Block> blocks;
+  std::vector<std::pair<Tensor, unsigned>> c_pieces;
+  unsigned tile = 0;
+  for (std::size_t r0 = 0; r0 < m; r0 += bm)
+    for (std::size_t c0 = 0; c0 < n; c0 += bn, ++tile) {
+      const std::size_t rows = std::min(m, r0 + bm) - r0, cols = std::min(n, c0 + bn) - c0;
+      blocks.push_back({r0, rows, c0, cols, tile, {}});
+      for (std::size_t r = r0; r < r0 + rows; ++r)
+        c_pieces.emplace_back(c.row(r).slice(c0, c0 + cols), tile);
+    }
+  std::sort(c_pieces.begin(), c_pieces.end(),
+            [](const auto& x, const auto& y) { return x.first.offset() < y.first.offset(); });
+  for (const auto& [piece, on] : c_pieces) graph.set_tile_mapping(piece, on);
+  for (std::size_t pass = 0, k0 = 0; k0 < k; ++pass, k0 += bk) {
+    const std::size_t k1 = std::min(k, k0 + bk), depth = k1 - k0;
+    const bool last = k1 == k;
+    const std::string at = name + "/pass" + std::to_string(pass);
+    TilePieces a_pieces(graph, a.dtype(), at + "/a"), b_pieces(graph, b.dtype(), at + "/b"),
+        partial_pieces(graph, DType::f32, at + "/partial"),
+        sum_pieces(graph, DType::f32, at + "/sum");
+    CopyRuns copies;
+    const ComputeSetId cs = graph.add_compute_set(at);
+    const ComputeSetId add_cs = graph.add_compute_set(at + "/add");
+    for (Block& blk : blocks) {
+      const std::size_t r1 = blk.r0 + blk.rows, c1 = blk.c0 + blk.cols;
+      Tensor a_local = a_pieces.add(
+          blk.tile, ta ? std::vector{depth, blk.rows} : std::vector{blk.rows, depth});
+      Tensor b_local = b_pieces.add(
+          blk.tile, tb ? std::vector{blk.cols, depth} : std::vector{depth, blk.cols});
+      if (ta)
+        copy_block(copies, a_flat, m, k0, k1, blk.r0, r1, a_local.flatten());
+      else
+        copy_block(copies, a_flat, k, blk.r0, r1, k0, k1, a_local.flatten());
+      if (tb)
+        copy_block(copies, b_flat, k, blk.c0, c1, k0, k1, b_local.flatten());
+      else
+        copy_block(copies, b_flat, n, k0, k1, blk.c0, c1, b_local.flatten());
+      const Tensor partial = partial_pieces.add(blk.tile, {blk.rows, blk.cols});
+      const std::size_t per_worker = ceil_div(blk.rows, workers);
+      for (std::size_t w0 = 0; w0 < blk.rows; w0 += per_worker) {
+        const std::size_t w1 = std::min(blk.rows, w0 + per_worker);
+        graph.add_vertex(cs, Vertex{"MatMulBlock",
+                                    blk.tile,
+                                    {{a_local}, {b_local}, {partial.rows(w0, w1).flatten()}},
+                                    {double(blk.rows), double(depth), double(blk.cols), double(ta),
+                                     double(tb), double(w0), double(graph.half_partials())}});
+      }
+      if (pass == 0) {
+        blk.sum = partial;
+        continue;
+      }
+      // sum + partial, into a new running sum, or into the block's rows of c after the last pass.
+      const std::size_t elements = blk.rows * blk.cols;
+      const Tensor sum = last ? Tensor() : sum_pieces.add(blk.tile, {blk.rows, blk.cols});
+      const std::size_t share = ceil_div(elements, workers);
+      for (std::size_t e0 = 0; e0 < elements; e0 += share) {
+        const std::size_t e1 = std::min(elements, e0 + share);
+        Vertex v{"MatMulReduce",
+                 blk.tile,
+                 {{blk.sum.flatten().slice(e0, e1), partial.flatten().slice(e0, e1)}, {}},
+                 {}};
+        if (!last)
+          v.fields[1].push_back(sum.flatten().slice(e0, e1));
+        else
+          for (std::size_t e = e0; e < e1;) {
+            const std::size_t r = e / blk.cols, j = e % blk.cols;
+            const std::size_t len = std::min(blk.cols - j, e1 - e);
+            v.fields[1].push_back(c.row(blk.r0 + r).slice(blk.c0 + j, blk.c0 + j + len));
+            e += len;
+          }
+        graph.add_vertex(add_cs, std::move(v));
+      }
+      if (!last) blk.sum = sum;
+    }
+    prog.add(Program::copy(std::move(copies)));
+    prog.add(Program::execute(cs));
+    if (pass > 0) prog.add(Program::execute(add_cs));
+  }
+}
+
 }  // namespace
 
 MatMulPlan plan_matmul(const ArchPreset& arch, std::size_t m, std::size_t k, std::size_t n,
                        double available_memory_proportion) {
+  // More passes than this only trade exchange and syncs for memory that a larger split of the
+  // output would save better.
+  constexpr std::size_t kMaxSerialPasses = 256;
   if (m == 0 || k == 0 || n == 0)
     throw std::invalid_argument(
         "plan_matmul: every dimension must be positive, got m=" + std::to_string(m) +
@@ -450,39 +569,57 @@ MatMulPlan plan_matmul(const ArchPreset& arch, std::size_t m, std::size_t k, std
   MatMulPlan best;
   PlanCost best_cost{std::numeric_limits<double>::infinity(),
                      std::numeric_limits<double>::infinity()};
-  const auto consider = [&](std::size_t bm, std::size_t bk, std::size_t bn) {
-    const std::size_t gm = ceil_div(m, bm), gk = ceil_div(k, bk), gn = ceil_div(n, bn);
-    const PlanCost c = plan_cost(arch, bm, bk, bn, gk);
+  const auto consider = [&](std::size_t bm, std::size_t bk, std::size_t bn, std::size_t serial) {
+    const std::size_t gm = ceil_div(m, bm), gn = ceil_div(n, bn);
+    const std::size_t gk = serial > 1 ? 1 : ceil_div(k, bk);
+    const PlanCost c = plan_cost(arch, bm, bk, bn, gk, serial);
     const bool fits = c.bytes <= budget, best_fits = best_cost.bytes <= budget;
     if ((fits && (!best_fits || c.cycles < best_cost.cycles)) ||
         (!fits && !best_fits && c.bytes < best_cost.bytes)) {
-      best = {gm, gn, gk, static_cast<std::uint64_t>(c.cycles), static_cast<std::size_t>(c.bytes)};
+      best = {gm, gn, gk, static_cast<std::uint64_t>(c.cycles), static_cast<std::size_t>(c.bytes),
+              serial > 1 ? ceil_div(k, bk) : 1};
       best_cost = c;
     }
   };
   // Every distinct block size of each dimension (block counts that give the same block size
-  // are the same plan), the output's blocks first, then the inner dimension's splits.
-  std::size_t last_bm = 0;
-  for (std::size_t gm = 1; gm <= std::min<std::size_t>(m, arch.tiles); ++gm) {
-    const std::size_t bm = ceil_div(m, gm);
-    if (bm == last_bm) continue;
-    last_bm = bm;
-    const std::size_t gm_used = ceil_div(m, bm);
-    std::size_t last_bn = 0;
-    for (std::size_t gn = 1; gn <= std::min<std::size_t>(n, arch.tiles / gm_used); ++gn) {
-      const std::size_t bn = ceil_div(n, gn);
-      if (bn == last_bn) continue;
-      last_bn = bn;
-      const std::size_t blocks = gm_used * ceil_div(n, bn);
-      std::size_t last_bk = 0;
-      for (std::size_t gk = 1; gk <= std::min<std::size_t>(k, arch.tiles / blocks); ++gk) {
-        const std::size_t bk = ceil_div(k, gk);
-        if (bk == last_bk) continue;
-        last_bk = bk;
-        consider(bm, bk, bn);
+  // are the same plan): the output's blocks, and for each the inner dimension's parallel
+  // splits (serial = 0), or, when no such plan fits, its serial passes on the same tiles.
+  const auto search = [&](std::size_t max_serial) {
+    std::size_t last_bm = 0;
+    for (std::size_t gm = 1; gm <= std::min<std::size_t>(m, arch.tiles); ++gm) {
+      const std::size_t bm = ceil_div(m, gm);
+      if (bm == last_bm) continue;
+      last_bm = bm;
+      const std::size_t gm_used = ceil_div(m, bm);
+      std::size_t last_bn = 0;
+      for (std::size_t gn = 1; gn <= std::min<std::size_t>(n, arch.tiles / gm_used); ++gn) {
+        const std::size_t bn = ceil_div(n, gn);
+        if (bn == last_bn) continue;
+        last_bn = bn;
+        const std::size_t blocks = gm_used * ceil_div(n, bn);
+        std::size_t last_bk = 0;
+        if (max_serial == 0) {
+          for (std::size_t gk = 1; gk <= std::min<std::size_t>(k, arch.tiles / blocks); ++gk) {
+            const std::size_t bk = ceil_div(k, gk);
+            if (bk == last_bk) continue;
+            last_bk = bk;
+            consider(bm, bk, bn, 1);
+          }
+          continue;
+        }
+        for (std::size_t passes = 2; passes <= std::min(k, max_serial); ++passes) {
+          const std::size_t bk = ceil_div(k, passes);
+          if (bk == last_bk) continue;
+          last_bk = bk;
+          consider(bm, bk, bn, ceil_div(k, bk));
+        }
       }
     }
-  }
+  };
+  search(0);
+  // As PopLibs' planner does when memory is short: the inner dimension in serial passes, each
+  // reusing the temporary memory of the one before.
+  if (best_cost.bytes > budget) search(kMaxSerialPasses);
   return best;
 }
 
@@ -507,6 +644,11 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
                                 std::to_string(m) + "," + std::to_string(k) + "], op(b) is [" +
                                 std::to_string(kb) + "," + std::to_string(n) + "]");
   const MatMulPlan plan = plan_matmul(graph.arch(), m, k, n, graph.available_memory_proportion());
+  if (plan.k_serial > 1) {
+    Tensor c = graph.add_variable(a.dtype(), {m, n}, name);
+    matmul_serial(graph, prog, a, b, ta, tb, plan, m, k, n, c, name);
+    return c;
+  }
   const std::size_t bm = ceil_div(m, plan.row_blocks), bn = ceil_div(n, plan.col_blocks);
   const std::size_t bk = ceil_div(k, plan.k_splits);
   const bool split = plan.k_splits > 1;
@@ -561,7 +703,8 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
           Vertex v{"MatMulBlock",
                    tile,
                    {{a_local}, {b_local}, {}},
-                   {double(rows), double(depth), double(cols), double(ta), double(tb), double(w0)}};
+                   {double(rows), double(depth), double(cols), double(ta), double(tb), double(w0),
+                    double(graph.half_partials())}};
           if (split)  // the partial sums are contiguous on the tile: one region
             v.fields[2].push_back(out.rows(w0, w1).flatten());
           else

@@ -20,11 +20,17 @@ struct MatMulPlan {
   std::size_t k_splits = 1;  // inner dimension split: each block's partial sums on k_splits tiles
   std::uint64_t estimated_cycles = 0;  // compute, exchange and (when split) reduction, with syncs
   std::size_t bytes_per_tile = 0;      // operands, partial sums and result on the busiest tile
+  // The inner dimension taken in k_serial passes on the same tiles (then k_splits is 1): each
+  // pass's operand pieces reuse the temporary memory of the pass before, its partial sums are
+  // added to the running sum. PopLibs' planner splits serially in the same way when a parallel
+  // plan does not fit (its inChanSplit.serial).
+  std::size_t k_serial = 1;
   std::size_t tiles() const { return row_blocks * col_blocks * k_splits; }
 };
 
 // The plan of least estimated cycles among those whose busiest tile holds at most
-// available_memory_proportion of its memory; if none fits, the plan of fewest bytes per tile.
+// available_memory_proportion of its memory; serial passes over the inner dimension only when
+// no plan without them fits; if none fits, the plan of fewest bytes per tile.
 MatMulPlan plan_matmul(const ArchPreset& arch, std::size_t m, std::size_t k, std::size_t n,
                        double available_memory_proportion = kDefaultAvailableMemoryProportion);
 

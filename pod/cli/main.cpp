@@ -62,6 +62,12 @@ CLI::Option* add_model_options(CLI::App& app, TrainConfig& c) {
                  "pooling (Poplar's availableMemoryProportion): lower trades speed for memory")
       ->check(finite_number({.min = 0, .max = 1, .min_open = true}))
       ->capture_default_str();
+  app.add_option("--partials-type", c.partials_type,
+                 "Partial sums of the matrix unit (PopTorch's Precision.setPartialsType): float, "
+                 "or half for the AMP's faster FP16.16 rate on float16 products (cycle estimates "
+                 "only: sums stay float32 here)")
+      ->check(CLI::IsMember({"float", "half"}))
+      ->capture_default_str();
   app.add_flag("--recompute", c.recompute,
                "Grouped pipeline: stash only what a stage's forward pass cannot make again and "
                "re-run its forward ops before the backward pass (less memory, more compute)");

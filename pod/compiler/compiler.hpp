@@ -46,6 +46,7 @@ struct StepShape {
   std::size_t replica = 0;  // this IPU's replica (which block it keeps)
   // Share of each tile's memory the op planners may use for one op (Poplar's option).
   double available_memory_proportion = ipu::kDefaultAvailableMemoryProportion;
+  bool half_partials = false;  // the AMP's float16 partials rate (ipu::Graph::set_half_partials)
   // A graph that will only be planned (ipupod compile): its vertices keep no parameters (see
   // ipu::Graph::drop_vertex_params).
   bool plan_only = false;

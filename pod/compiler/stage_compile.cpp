@@ -164,6 +164,7 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
                        .float16 = c.train.precision == "fp16",
                        .replicated_tensor_sharding = c.train.replicated_tensor_sharding,
                        .available_memory_proportion = c.train.available_memory_proportion,
+                       .half_partials = c.train.partials_type == "half",
                        .plan_only = true,
                        .timed_steps = c.timed_steps},
                       &eval_model, lowered);

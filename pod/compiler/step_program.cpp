@@ -187,6 +187,7 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   CompiledModel out;
   out.graph = std::make_unique<ipu::Graph>(arch);
   out.graph->set_available_memory_proportion(shape.available_memory_proportion);
+  out.graph->set_half_partials(shape.half_partials);
   if (shape.plan_only) {
     out.graph->drop_vertex_params();
     out.graph->drop_vertex_regions();

@@ -140,7 +140,8 @@ void IpuRole::compile() {
                                .float16 = config_.precision == "fp16",
                                .replicated_tensor_sharding = config_.replicated_tensor_sharding,
                                .replica = static_cast<std::size_t>(place_.replica),
-                               .available_memory_proportion = config_.available_memory_proportion},
+                               .available_memory_proportion = config_.available_memory_proportion,
+                               .half_partials = config_.partials_type == "half"},
                               &eval_model_);
   engine_.emplace(
       *compiled_.graph, compiled_.programs,

@@ -316,14 +316,45 @@ TEST(Float16Conv, ForwardAndGradientsMatchFloat32RoundedOnce) {
 
 TEST(Float16Cycles, AmpAndVectorRatesFollowThePreset) {
   const ArchPreset& mk2 = ArchPreset::get("mk2");
-  const double flops = 1e6;
-  const auto amp = [&](DType d) { return amp_cycles(mk2, flops, d) - mk2.vertex_overhead_cycles; };
-  EXPECT_NEAR(double(amp(DType::f16)) / double(amp(DType::f32)),
+  const double macs = 1e6;
+  const auto amp = [&](DType d, bool half_partials) {
+    return double(mac_cycles(mk2, macs, d, {0, 0, half_partials}) - mk2.vertex_overhead_cycles);
+  };
+  // float16 with float16 partials at the FP16.16 rate, with float32 partials at the slower
+  // FP16.32 rate; float32 products ignore the partials type.
+  EXPECT_NEAR(amp(DType::f16, true) / amp(DType::f32, false),
               mk2.fp32_flops_per_cycle_per_tile / mk2.fp16_flops_per_cycle_per_tile, 1e-3);
+  EXPECT_NEAR(amp(DType::f16, false) / amp(DType::f32, false),
+              mk2.fp32_flops_per_cycle_per_tile / mk2.fp16_fp32_partials_flops_per_cycle_per_tile,
+              1e-3);
+  EXPECT_EQ(amp(DType::f32, true), amp(DType::f32, false));
   const auto vec = [&](DType d) {
     return vector_cycles(mk2, 4096, 3, d) - mk2.vertex_overhead_cycles;
   };
   EXPECT_EQ(2 * vec(DType::f16), vec(DType::f32)) << "a vector holds twice as many float16";
+}
+
+TEST(AmpCycles, ShapesThatDoNotFillTheUnitRunSlowerAndDepthwiseTakesTheVectorPath) {
+  const ArchPreset& mk2 = ArchPreset::get("mk2");
+  const double macs = 1e6;
+  const auto rate = [&](DType d, AmpShape shape) {
+    return macs / double(mac_cycles(mk2, macs, d, shape) - mk2.vertex_overhead_cycles) *
+           mk2.workers_per_tile;  // multiply-accumulates per tile cycle
+  };
+  // float32: 16 MACs per cycle (62.5 TFLOPS), in 8 engines of depth 8.
+  EXPECT_NEAR(rate(DType::f32, {}), 16, 0.01);
+  EXPECT_NEAR(rate(DType::f32, {64, 64}), 16, 0.01);
+  EXPECT_NEAR(rate(DType::f32, {4, 64}), 8, 0.01) << "half the depth of a load chunk";
+  EXPECT_NEAR(rate(DType::f32, {12, 64}), 12, 0.01) << "depth padded to 16";
+  EXPECT_NEAR(rate(DType::f32, {64, 4}), 8, 0.01) << "half the engines idle";
+  // float16, half partials: 64 MACs per cycle in 16 engines of depth 16; a 3-channel input
+  // (an RGB image) fills 3/16 of the depth.
+  EXPECT_NEAR(rate(DType::f16, {0, 0, true}), 64, 0.01);
+  EXPECT_NEAR(rate(DType::f16, {3, 64, true}), 12, 0.01);
+  // Depthwise (one channel in, one out per group): the vector unit's lanes, 2 float32 or
+  // 4 float16 multiply-adds per cycle, beat the nearly empty AMP.
+  EXPECT_NEAR(rate(DType::f32, {1, 1}), 2, 0.01);
+  EXPECT_NEAR(rate(DType::f16, {1, 1, true}), 4, 0.01);
 }
 
 TEST(Float16Memory, HalfTheBytesOnTilesAndInExchanges) {

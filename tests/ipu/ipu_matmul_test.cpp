@@ -3,7 +3,9 @@
 // how its predicted cycles scale with work and tiles.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -164,6 +166,65 @@ TEST(MatMulPlan, AGraphsAvailableMemoryProportionBoundsItsMatmulsTiles) {
   EXPECT_THROW(g.set_available_memory_proportion(1.5), std::invalid_argument);
 }
 
+// The budget a plan's busiest tile must keep within at the default available-memory proportion.
+double default_budget(const ArchPreset& arch) {
+  return kDefaultAvailableMemoryProportion * static_cast<double>(arch.bytes_per_tile);
+}
+
+TEST(MatMulPlan, TakesTheInnerDimensionInSerialPassesWhenNoParallelPlanFits) {
+  // [2048,2048] x [2048,4096] in float32: 80 MB of operands and result, under a tenth of an
+  // MK2, but every parallel plan gives a tile over 1 MB of operand pieces or partial sums.
+  const ArchPreset& mk2 = ArchPreset::get("mk2");
+  const auto plan = ops::plan_matmul(mk2, 2048, 2048, 4096);
+  EXPECT_LE(static_cast<double>(plan.bytes_per_tile), default_budget(mk2));
+  EXPECT_GT(plan.k_serial, 1u);
+  EXPECT_EQ(plan.k_splits, 1u);
+  EXPECT_LE(plan.tiles(), mk2.tiles);
+  EXPECT_GT(plan.tiles(), mk2.tiles / 2);
+  // A plan that fits without passes keeps that plan.
+  EXPECT_EQ(ops::plan_matmul(mk2, 512, 512, 512).k_serial, 1u);
+}
+
+TEST(MatMulPlan, PlansEveryShapeWhoseOperandsTakeUpToFortyPercentOfAnMk2) {
+  const ArchPreset& mk2 = ArchPreset::get("mk2");
+  const double ipu = static_cast<double>(mk2.bytes_per_ipu());
+  struct Shape {
+    std::size_t m, k, n;
+  };
+  // Square, wide, deep and thin products from ~1% to ~40% of the IPU in float32 operands.
+  const Shape shapes[] = {{1024, 1024, 1024}, {2048, 2048, 4096}, {4096, 4096, 4096},
+                          {1, 65536, 1024},   {64, 16384, 4096},  {16384, 4096, 64},
+                          {2048, 16384, 3584}, {8192, 8192, 2048}, {512, 81920, 512}};
+  double largest = 0;
+  for (const auto& [m, k, n] : shapes) {
+    const double operands = 4.0 * static_cast<double>(m * k + k * n);
+    ASSERT_LE(operands, 0.41 * ipu) << m << "x" << k << "x" << n;
+    largest = std::max(largest, operands / ipu);
+    const auto plan = ops::plan_matmul(mk2, m, k, n);
+    EXPECT_LE(static_cast<double>(plan.bytes_per_tile), default_budget(mk2))
+        << m << "x" << k << "x" << n << ": " << plan.row_blocks << "x" << plan.col_blocks << "x"
+        << plan.k_splits << " serial " << plan.k_serial;
+  }
+  EXPECT_GT(largest, 0.38);
+}
+
+TEST(MatMulPlan, ThePlansCyclesFallAsTilesAreAdded) {
+  for (const auto& [m, k, n] : {std::array<std::size_t, 3>{2048, 2048, 4096},
+                                std::array<std::size_t, 3>{1024, 1024, 1024},
+                                std::array<std::size_t, 3>{16, 4096, 1000}}) {
+    std::uint64_t before = std::numeric_limits<std::uint64_t>::max();
+    for (unsigned tiles : {368u, 736u, 1472u}) {
+      ArchPreset arch = ArchPreset::get("mk2");
+      arch.tiles = tiles;
+      const auto plan = ops::plan_matmul(arch, m, k, n);
+      EXPECT_LE(static_cast<double>(plan.bytes_per_tile), default_budget(arch))
+          << m << "x" << k << "x" << n << " on " << tiles << " tiles";
+      EXPECT_LT(plan.estimated_cycles, before) << m << "x" << k << "x" << n << " on " << tiles;
+      before = plan.estimated_cycles;
+    }
+  }
+}
+
 TEST(MatMulPlan, RejectsAnEmptyDimension) {
   EXPECT_THROW(ops::plan_matmul(ArchPreset::get("tiny"), 0, 4, 4), std::invalid_argument);
 }
@@ -261,6 +322,61 @@ TEST(MatMulOp, ASplitInnerDimensionGivesBitwiseIdenticalResultsWithOneOrTwoThrea
     EXPECT_EQ(std::memcmp(one.c.data(), two.c.data(), one.c.size() * sizeof(float)), 0) << oc.k;
     EXPECT_EQ(one.cycles.total(), two.cycles.total()) << oc.k;
   }
+}
+
+TEST(MatMulOp, SerialPassesMatchTheReferenceAndGiveTheSameBitsOnAnyThreadCount) {
+  // On `tiny` no parallel plan of these fits in the default proportion of a tile.
+  for (const OpCase oc : {OpCase{128, 1024, 128, false, false}, OpCase{128, 1023, 100, true, true}}) {
+    const auto plan = ops::plan_matmul(ArchPreset::get("tiny"), oc.m, oc.k, oc.n);
+    ASSERT_GT(plan.k_serial, 1u) << oc.k;
+    const OpRun one = run_matmul(ArchPreset::get("tiny"), oc, 1);
+    const OpRun two = run_matmul(ArchPreset::get("tiny"), oc, 2);
+    ASSERT_EQ(one.c, two.c) << oc.k;
+    EXPECT_EQ(one.cycles.total(), two.cycles.total());
+    for (std::size_t i = 0; i < oc.m; i += 13)
+      for (std::size_t j = 0; j < oc.n; j += 11) {
+        double ref = 0, magnitude = 0;
+        for (std::size_t p = 0; p < oc.k; ++p) {
+          const double t = double(oc.ta ? one.a[p * oc.m + i] : one.a[i * oc.k + p]) *
+                           double(oc.tb ? one.b[j * oc.k + p] : one.b[p * oc.n + j]);
+          ref += t;
+          magnitude += std::abs(t);
+        }
+        ASSERT_NEAR(one.c[i * oc.n + j], ref, 2e-6 * std::sqrt(double(oc.k)) * (1 + magnitude));
+      }
+  }
+}
+
+TEST(MatMulOp, TheLargeFloat32MatmulRunsOnOneMk2WithinItsTiles) {
+  // The planner's case above, compiled and run: every tile within its memory.
+  const ArchPreset& mk2 = ArchPreset::get("mk2");
+  const std::size_t m = 2048, k = 2048, n = 4096;
+  Graph g(mk2);
+  Tensor a = g.add_variable(DType::f32, {m, k}, "a", MemoryCategory::weight);
+  Tensor b = g.add_variable(DType::f32, {k, n}, "b", MemoryCategory::weight);
+  g.map_linearly(a);
+  g.map_linearly(b);
+  Program p;
+  Tensor c = ops::matmul(g, p, a, b, false, false, "c");
+  for (const Tensor& t : {a, b, c}) g.set_host_access(t);
+  Engine e(g, {{"p", p}});
+  for (const auto& t : e.memory().tiles) ASSERT_LE(t.total(), mk2.bytes_per_tile);
+  // Rows of small integers: every sum is exact, so each element is checked exactly.
+  std::vector<float> av(m * k), bv(k * n);
+  for (std::size_t i = 0; i < m * k; ++i) av[i] = static_cast<float>(int(i % 7) - 3);
+  for (std::size_t i = 0; i < k * n; ++i) bv[i] = static_cast<float>(int(i % 5) - 2);
+  e.write(a, std::as_bytes(std::span(av)));
+  e.write(b, std::as_bytes(std::span(bv)));
+  e.run("p");
+  const auto bytes = e.read(c);
+  std::vector<float> cv(m * n);
+  std::memcpy(cv.data(), bytes.data(), bytes.size());
+  for (std::size_t i = 0; i < m; i += 211)
+    for (std::size_t j = 0; j < n; j += 97) {
+      float ref = 0;
+      for (std::size_t q = 0; q < k; ++q) ref += av[i * k + q] * bv[q * n + j];
+      ASSERT_EQ(cv[i * n + j], ref) << i << "," << j;
+    }
 }
 
 TEST(MatMulOp, RejectsMismatchedInnerDimensionsAndNonFloatOperands) {
