@@ -21,7 +21,7 @@ struct ArchPreset {
   double fp16_flops_per_cycle_per_tile = 0;  // float16 operands, float16 partials ("FP16.16")
   double fp16_fp32_partials_flops_per_cycle_per_tile = 0;  // float16 operands, float32 partials
   unsigned amp_pipeline_depth = 0;  // vector loads an AMP engine sums into one output
-  unsigned fp32_vector_width = 0;  // float lanes of one vector ALU instruction
+  unsigned fp32_vector_width = 0;   // float lanes of one vector ALU instruction
   double exchange_bytes_per_cycle_per_tile = 0;
   std::uint64_t exchange_latency_cycles = 0;
   std::uint64_t sync_cycles_internal = 0;         // sync of the tiles of one IPU

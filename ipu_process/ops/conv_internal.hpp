@@ -28,8 +28,8 @@ struct ConvGeometry {
   static constexpr std::size_t kParams = 15;
   static ConvGeometry read(const VertexContext& c) {
     ConvGeometry g{};
-    std::size_t* f[] = {&g.h,  &g.w,  &g.oh, &g.ow, &g.kh,  &g.kw,  &g.sh,
-                        &g.sw, &g.dh, &g.dw, &g.pt, &g.pl, &g.cig, &g.cog, &g.half_partials};
+    std::size_t* f[] = {&g.h,  &g.w,  &g.oh, &g.ow, &g.kh,  &g.kw,  &g.sh,           &g.sw,
+                        &g.dh, &g.dw, &g.pt, &g.pl, &g.cig, &g.cog, &g.half_partials};
     for (std::size_t i = 0; i < kParams; ++i) *f[i] = c.size_param(i);
     return g;
   }
@@ -59,9 +59,9 @@ struct Dims {
   std::size_t n, ci, h, w, co, kh, kw, oh, ow, groups, cig, cog, taps;
   ConvParams p;
   ConvGeometry geometry(bool half_partials) const {
-    return {h,          w,          oh,           ow,           kh,        kw,  p.stride_h,
-            p.stride_w, p.dilation_h, p.dilation_w, p.pad_top, p.pad_left, cig, cog,
-            half_partials ? 1u : 0u};
+    return {h,         w,          oh,         ow,           kh,
+            kw,        p.stride_h, p.stride_w, p.dilation_h, p.dilation_w,
+            p.pad_top, p.pad_left, cig,        cog,          half_partials ? 1u : 0u};
   }
   // Input rows [first, end) that output rows [r0, r1) read, clipped to the image.
   std::pair<std::size_t, std::size_t> input_rows(std::size_t r0, std::size_t r1) const {

@@ -359,8 +359,7 @@ void register_matmul_codelets(CodeletRegistry& r) {
            std::size_t elements = 0;
            for (const Tensor& t : v.fields[2]) elements += t.elements();
            // Each output sums `depth` products; the block's columns share each row of a.
-           return mac_cycles(a, static_cast<double>(elements) * v.params[1],
-                             v.fields[0][0].dtype(),
+           return mac_cycles(a, static_cast<double>(elements) * v.params[1], v.fields[0][0].dtype(),
                              {v.params[1], v.params[2], v.params.size() > 6 && v.params[6] != 0});
          }});
   r.add({"MatMulReduce",
@@ -462,8 +461,8 @@ void copy_block(CopyRuns& copies, const Tensor& src, std::size_t row_length, std
 // partial sums; from the second pass on, MatMulReduce adds the running sum and the new block,
 // in k order, so the sums are those of a parallel split at the same boundaries; the last pass's
 // sum is written to c.
-void matmul_serial(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, bool ta,
-                   bool tb, const MatMulPlan& plan, std::size_t m, std::size_t k, std::size_t n,
+void matmul_serial(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, bool ta, bool tb,
+                   const MatMulPlan& plan, std::size_t m, std::size_t k, std::size_t n,
                    const Tensor& c, const std::string& name) {
   const std::size_t bm = ceil_div(m, plan.row_blocks), bn = ceil_div(n, plan.col_blocks);
   const std::size_t bk = ceil_div(k, plan.k_serial);
@@ -499,10 +498,10 @@ void matmul_serial(Graph& graph, Program& prog, const Tensor& a, const Tensor& b
     const ComputeSetId add_cs = graph.add_compute_set(at + "/add");
     for (Block& blk : blocks) {
       const std::size_t r1 = blk.r0 + blk.rows, c1 = blk.c0 + blk.cols;
-      Tensor a_local = a_pieces.add(
-          blk.tile, ta ? std::vector{depth, blk.rows} : std::vector{blk.rows, depth});
-      Tensor b_local = b_pieces.add(
-          blk.tile, tb ? std::vector{blk.cols, depth} : std::vector{depth, blk.cols});
+      Tensor a_local =
+          a_pieces.add(blk.tile, ta ? std::vector{depth, blk.rows} : std::vector{blk.rows, depth});
+      Tensor b_local =
+          b_pieces.add(blk.tile, tb ? std::vector{blk.cols, depth} : std::vector{depth, blk.cols});
       if (ta)
         copy_block(copies, a_flat, m, k0, k1, blk.r0, r1, a_local.flatten());
       else
@@ -576,7 +575,11 @@ MatMulPlan plan_matmul(const ArchPreset& arch, std::size_t m, std::size_t k, std
     const bool fits = c.bytes <= budget, best_fits = best_cost.bytes <= budget;
     if ((fits && (!best_fits || c.cycles < best_cost.cycles)) ||
         (!fits && !best_fits && c.bytes < best_cost.bytes)) {
-      best = {gm, gn, gk, static_cast<std::uint64_t>(c.cycles), static_cast<std::size_t>(c.bytes),
+      best = {gm,
+              gn,
+              gk,
+              static_cast<std::uint64_t>(c.cycles),
+              static_cast<std::size_t>(c.bytes),
               serial > 1 ? ceil_div(k, bk) : 1};
       best_cost = c;
     }

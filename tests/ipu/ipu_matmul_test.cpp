@@ -5,8 +5,8 @@
 
 #include <array>
 #include <cmath>
-#include <limits>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <stdexcept>
 
@@ -192,8 +192,8 @@ TEST(MatMulPlan, PlansEveryShapeWhoseOperandsTakeUpToFortyPercentOfAnMk2) {
     std::size_t m, k, n;
   };
   // Square, wide, deep and thin products from ~1% to ~40% of the IPU in float32 operands.
-  const Shape shapes[] = {{1024, 1024, 1024}, {2048, 2048, 4096}, {4096, 4096, 4096},
-                          {1, 65536, 1024},   {64, 16384, 4096},  {16384, 4096, 64},
+  const Shape shapes[] = {{1024, 1024, 1024},  {2048, 2048, 4096}, {4096, 4096, 4096},
+                          {1, 65536, 1024},    {64, 16384, 4096},  {16384, 4096, 64},
                           {2048, 16384, 3584}, {8192, 8192, 2048}, {512, 81920, 512}};
   double largest = 0;
   for (const auto& [m, k, n] : shapes) {
@@ -209,9 +209,9 @@ TEST(MatMulPlan, PlansEveryShapeWhoseOperandsTakeUpToFortyPercentOfAnMk2) {
 }
 
 TEST(MatMulPlan, ThePlansCyclesFallAsTilesAreAdded) {
-  for (const auto& [m, k, n] : {std::array<std::size_t, 3>{2048, 2048, 4096},
-                                std::array<std::size_t, 3>{1024, 1024, 1024},
-                                std::array<std::size_t, 3>{16, 4096, 1000}}) {
+  for (const auto& [m, k, n] :
+       {std::array<std::size_t, 3>{2048, 2048, 4096}, std::array<std::size_t, 3>{1024, 1024, 1024},
+        std::array<std::size_t, 3>{16, 4096, 1000}}) {
     std::uint64_t before = std::numeric_limits<std::uint64_t>::max();
     for (unsigned tiles : {368u, 736u, 1472u}) {
       ArchPreset arch = ArchPreset::get("mk2");
@@ -326,7 +326,8 @@ TEST(MatMulOp, ASplitInnerDimensionGivesBitwiseIdenticalResultsWithOneOrTwoThrea
 
 TEST(MatMulOp, SerialPassesMatchTheReferenceAndGiveTheSameBitsOnAnyThreadCount) {
   // On `tiny` no parallel plan of these fits in the default proportion of a tile.
-  for (const OpCase oc : {OpCase{128, 1024, 128, false, false}, OpCase{128, 1023, 100, true, true}}) {
+  for (const OpCase oc :
+       {OpCase{128, 1024, 128, false, false}, OpCase{128, 1023, 100, true, true}}) {
     const auto plan = ops::plan_matmul(ArchPreset::get("tiny"), oc.m, oc.k, oc.n);
     ASSERT_GT(plan.k_serial, 1u) << oc.k;
     const OpRun one = run_matmul(ArchPreset::get("tiny"), oc, 1);
