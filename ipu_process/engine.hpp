@@ -115,6 +115,9 @@ struct CollectiveBinding {
   // so far), returns the latest clock among them; the device waits until then, as on
   // hardware where a sync across IPUs releases when the slowest arrives.
   std::function<std::uint64_t(std::uint64_t cycles)> external_sync;
+  // The predicted time of one such sync on the topology (its cost for the widest scope the
+  // job's IPUs span); the device is charged at least the preset's sync_cycles_external.
+  double external_sync_seconds = 0;
 };
 
 class Engine {
@@ -190,6 +193,8 @@ class Engine {
   void account_transfer(const Node& node);
   void account_all_reduce(const Node& node);
   void account_host_stream(const Node& node);
+  // One sync across IPUs: the topology's cost for the job's IPUs, at least the preset's.
+  std::uint64_t external_sync_cycles() const;
 
   Engine(const Graph& graph, Graph* releasable, std::map<std::string, Program> programs,
          EngineOptions options);

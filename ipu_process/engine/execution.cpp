@@ -99,6 +99,13 @@ void Engine::account_all_reduce(const Node& node) {
           node.name);
 }
 
+std::uint64_t Engine::external_sync_cycles() const {
+  const ArchPreset& arch = graph_.arch();
+  const auto topology =
+      static_cast<std::uint64_t>(std::ceil(collectives_.external_sync_seconds * arch.clock_hz));
+  return std::max(arch.sync_cycles_external, topology);
+}
+
 void Engine::account_host_stream(const Node& node) {
   const ArchPreset& arch = graph_.arch();
   account("host", &CycleBreakdown::host,
@@ -185,7 +192,7 @@ void Engine::execute(const Node& node) {
       if (node.sync == SyncKind::internal) {
         account("sync", &CycleBreakdown::sync, arch.sync_cycles_internal, "sync");
       } else {
-        account("sync", &CycleBreakdown::sync, arch.sync_cycles_external, "external sync");
+        account("sync", &CycleBreakdown::sync, external_sync_cycles(), "external sync");
         if (collectives_.external_sync) {
           const std::uint64_t now = cycles_.total();
           const std::uint64_t latest = collectives_.external_sync(now);
@@ -218,7 +225,7 @@ void Engine::execute(const Node& node) {
       const bool scatter = node.kind == Program::Kind::reduce_scatter;
       if (!timing_only_ && (scatter ? !collectives_.reduce_scatter : !collectives_.all_gather))
         throw std::logic_error(node.name + " program run without a fabric binding");
-      account("sync", &CycleBreakdown::sync, arch.sync_cycles_external, "external sync");
+      account("sync", &CycleBreakdown::sync, external_sync_cycles(), "external sync");
       if (!timing_only_) {
         staging_.resize(node.bytes);
         std::vector<float> out(node.out_bytes / sizeof(float));
@@ -243,7 +250,7 @@ void Engine::execute(const Node& node) {
     case Program::Kind::stream_from_device:
     case Program::Kind::all_reduce: {
       if (timing_only_) {
-        account("sync", &CycleBreakdown::sync, arch.sync_cycles_external, "external sync");
+        account("sync", &CycleBreakdown::sync, external_sync_cycles(), "external sync");
         if (node.kind == Program::Kind::all_reduce)
           account_all_reduce(node);
         else
@@ -255,7 +262,7 @@ void Engine::execute(const Node& node) {
       const auto scatter = [&] { scatter_pieces(node.pieces, esize, staging_); };
       const auto gather = [&] { gather_pieces(node.pieces, esize, staging_); };
       // Host and fabric transfers start with a sync across the IPU and its peers.
-      account("sync", &CycleBreakdown::sync, arch.sync_cycles_external, "external sync");
+      account("sync", &CycleBreakdown::sync, external_sync_cycles(), "external sync");
       if (node.kind == Program::Kind::all_reduce) {
         if (!collectives_.all_reduce)
           throw std::logic_error("all_reduce program run without a fabric binding");

@@ -21,6 +21,13 @@ double FabricCosts::collective_seconds(fabric::Collective collective, std::size_
       .predicted_seconds;
 }
 
+double FabricCosts::external_sync_seconds() const {
+  // Poplar syncs every IPU of the job's device: all replicas' stages.
+  std::vector<int> ipus(static_cast<std::size_t>(replicas_ * stages_));
+  for (std::size_t i = 0; i < ipus.size(); ++i) ipus[i] = static_cast<int>(i);
+  return fabric::predict_barrier_seconds(topology_, ipus);
+}
+
 double FabricCosts::transfer_seconds(unsigned peer, std::size_t bytes) const {
   const int peer_ipu = place_.replica * stages_ + static_cast<int>(peer);
   if (peer_ipu == place_.ipu) return 0.0;
@@ -41,6 +48,7 @@ void FabricCosts::bind_predictions(ipu::CollectiveBinding& b) const {
   b.predict_transfer_seconds = [this](unsigned peer, std::size_t bytes) {
     return transfer_seconds(peer, bytes);
   };
+  b.external_sync_seconds = external_sync_seconds();
 }
 
 }  // namespace ipupod::pod

@@ -1,7 +1,7 @@
 // The predicted costs of an IPU's traffic with other IPUs on a topology: the replica group's
-// collectives and the pipeline's transfers between a replica's stages. Training charges them
-// as the device runs (DeviceFabric) and `ipupod estimate` as it times a compiled stage: one
-// cost model for both.
+// collectives, the pipeline's transfers between a replica's stages and the syncs across IPUs.
+// Training charges them as the device runs (DeviceFabric) and `ipupod estimate` as it times a
+// compiled stage: one cost model for both.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +26,8 @@ class FabricCosts {
   double collective_seconds(fabric::Collective collective, std::size_t bytes) const;
   // `bytes` from this replica's stage `peer` (0 from the IPU itself).
   double transfer_seconds(unsigned peer, std::size_t bytes) const;
+  // One sync across all the job's IPUs: the topology's cost for the widest scope they span.
+  double external_sync_seconds() const;
   // The predicted-time members of the engine's binding (predict_seconds, ..._reduce_scatter_,
   // ..._all_gather_, predict_transfer_seconds); the object must outlive the binding.
   void bind_predictions(ipu::CollectiveBinding& binding) const;

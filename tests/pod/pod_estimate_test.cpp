@@ -185,6 +185,42 @@ TEST_F(PodEstimate, NamesTheHostInputOrThePartOfTheIpusTimeThatBoundsTheJob) {
   EXPECT_NE(host.output.find("bound by host input"), std::string::npos) << host.output;
 }
 
+// The syncs across IPUs cost what the topology says for the scope the job's IPUs span: the same
+// 2-stage job on two IPUs of one machine and on two machines (with identical links) differs
+// only in its sync time.
+TEST_F(PodEstimate, ASyncAcrossMachinesCostsTheTopologysWiderScope) {
+  const auto topology = [&](const std::string& name, int machines, int ipus_per_machine) {
+    const fs::path file = dir() / (name + ".json");
+    std::ofstream(file) << R"({"name": ")" << name << R"(", "layout": "test", "pods": 1,
+      "machines_per_pod": )"
+                        << machines << R"(, "ipus_per_machine": )" << ipus_per_machine << R"(,
+      "links": {"within_machine": {"bandwidth_gbytes_per_s": 32, "latency_us": 1, "source": "test"},
+                "between_machines": {"bandwidth_gbytes_per_s": 32, "latency_us": 1, "source": "test"},
+                "between_pods": {"bandwidth_gbytes_per_s": 32, "latency_us": 1, "source": "test"}},
+      "sync_us": {"within_machine": 0.4, "within_pod": 20, "between_pods": 40, "source": "test"}})";
+    return file.string();
+  };
+  const auto estimate = [&](const std::string& topology_file, const std::string& name) {
+    const Result r = run(std::string(IPUPOD_BINARY) +
+                         " estimate --model mlp --hidden 24 --arch tiny --micro-batch 8 "
+                         "--stages 2 --topology " +
+                         topology_file + " --run-dir " + (dir() / name).string());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return read_json(dir() / name / "estimate.json");
+  };
+  const auto one_machine = estimate(topology("one-machine", 1, 2), "sync-one-machine");
+  const auto two_machines = estimate(topology("two-machines", 2, 1), "sync-two-machines");
+  const auto part = [](const nlohmann::json& e, const char* name) {
+    return e.at("breakdown_seconds_per_host_step").at(name).get<double>();
+  };
+  EXPECT_GT(part(two_machines, "sync"), part(one_machine, "sync") + 19e-6)
+      << "at least one 20 us sync instead of a 0.4 us one";
+  EXPECT_LT(two_machines.at("predicted_samples_per_s").get<double>(),
+            one_machine.at("predicted_samples_per_s").get<double>());
+  for (const char* same : {"IPU compute", "exchange", "pipeline transfers"})
+    EXPECT_DOUBLE_EQ(part(two_machines, same), part(one_machine, same)) << same;
+}
+
 // A sweep compiles each stage once per stage count and replica class (one replica, or several)
 // for all its accumulation and iteration counts, and each of its rows is the estimate of that
 // configuration alone.
