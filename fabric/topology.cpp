@@ -17,48 +17,64 @@
 namespace ipupod::fabric {
 namespace {
 
-// IPU-Link numbers. REFERENCES.md: MK2 has 10 IPU-Links per IPU, ~320 GB/s aggregate
-// (secondary source), i.e. 32 GB/s per link; a ring edge is assumed to use one link.
+// IPU-Link numbers: GC200 specification, 10 IPU-Links per IPU, 320 GB/s, i.e. 32 GB/s per link;
+// a ring edge uses one link. No public figure gives a link's latency: it is an
+// order-of-magnitude figure that moves no public configuration's prediction by more than 1%
+// (an all-reduce of megabytes is bandwidth-bound), so it is neither sourced nor fitted.
+constexpr const char* kLinkLatency =
+    "latency: no public figure; bandwidth-bound collectives make it immaterial (under 1% on "
+    "every configuration of docs/calibration.md)";
 LinkClass ipu_link_within_machine() {
   return {"IPU-Link (within machine)", 32e9, 1e-6,
-          "MK2: 10 IPU-Links/IPU, ~320 GB/s aggregate (REFERENCES.md, secondary source) -> "
-          "32 GB/s per link; one link per ring edge and 1 us latency assumed, to be calibrated"};
+          std::string("GC200 specification: 10 IPU-Links, 320 GB/s -> 32 GB/s per link, one link "
+                      "per ring edge; ") +
+              kLinkLatency};
 }
 
 LinkClass ipu_link_between_machines() {
   return {"IPU-Link (between machines)", 32e9, 2e-6,
-          "same IPU-Link as within a machine (REFERENCES.md); 2 us latency over the cable "
-          "assumed, to be calibrated"};
+          std::string("the same IPU-Links over cables between IPU-M2000s (IPU-POD64 reference "
+                      "design: 2-D torus of IPU-Links); ") +
+              kLinkLatency};
 }
 
-// GW-Link: REFERENCES.md: IPU-M2000 has 2 x 100 Gbps GW-Links to other machines.
+// GW-Link: IPU-M2000 datasheet, 2 x 100 Gbps GW-Links to other machines.
 LinkClass gw_link() {
   return {"GW-Link (between pods)", 100e9 / 8.0, 10e-6,
-          "IPU-M2000: 2 x 100 Gbps GW-Links (REFERENCES.md) -> 12.5 GB/s per link; one link "
-          "per ring edge and 10 us latency assumed, to be calibrated"};
+          std::string("IPU-M2000 datasheet: 2 x 100 Gbps GW-Links -> 12.5 GB/s per link, one link "
+                      "per ring edge; ") +
+              kLinkLatency};
 }
 
-// REFERENCES.md says the Bow-2000 is "similar" to the M2000 and quotes its IPU-Link as
-// 512 Gbps with an unclear unit; until that is settled the MK2 link numbers are kept.
+// Bow-2000 datasheet: IPU-Link 512 Gbps; Graphcore's C600 documentation says an IPU-Link cable
+// carries 2 IPU-Links, so 256 Gbps = 32 GB/s per link, as on the MK2.
 LinkClass bow(LinkClass link) {
   link.source =
-      "Bow-2000 'similar' to IPU-M2000 (REFERENCES.md; its 512 Gbps IPU-Link figure "
-      "has an unclear unit and is not used): same as MK2 assumed, to be calibrated. "
-      "MK2: " +
+      "Bow-2000 datasheet: 512 Gbps per IPU-Link cable, which carries 2 links (Graphcore C600 "
+      "documentation) = 32 GB/s per link, as MK2. MK2: " +
       link.source;
   return link;
 }
 
-// Early Poplar IPUModel: globalSyncCycles = 500 (REFERENCES.md, "a starting point"), at the
-// IPU clock (MK2 1.33 GHz, Bow 1.85 GHz, REFERENCES.md). Wider syncs are assumed.
+// Syncs: within a machine, globalSyncCycles 500 of an early Poplar IPUModel preset at the IPU
+// clock; wider scopes by the sync model of PopLibs' 2018 tools (single_conv_layer's
+// setGlobalSyncLatency: 15 ns per hop each way over 1 + IPUs / 4 hops), for the pod's IPUs
+// and for all the pods' IPUs (a POD64 0.51 us, a POD256 1.95 us), at least the machine's.
 constexpr double kGlobalSyncCycles = 500.0;
-SyncCosts sync_costs(double clock_hz, const char* chip) {
-  return {
-      kGlobalSyncCycles / clock_hz, 1e-6, 10e-6,
-      std::string("within a machine: globalSyncCycles 500 of an early IPUModel preset at the ") +
-          chip +
-          " clock (REFERENCES.md); across machines 1 us and across pods (GW-Links) 10 us "
-          "assumed, to be calibrated"};
+constexpr double kSyncSecondsPerHop = 15e-9;
+double hop_sync_seconds(int ipus) {
+  return 2.0 * kSyncSecondsPerHop * (1 + ipus / 4);
+}
+SyncCosts sync_costs(double clock_hz, const char* chip, int ipus_per_pod, int ipus) {
+  const double machine = kGlobalSyncCycles / clock_hz;
+  return {machine, std::max(machine, hop_sync_seconds(ipus_per_pod)),
+          std::max(machine, hop_sync_seconds(ipus)),
+          std::string("within a machine: globalSyncCycles 500 of an early Poplar IPUModel preset "
+                      "at the ") +
+              chip +
+              " clock; within a pod and between pods: PopLibs' 2018 sync model (15 ns per hop "
+              "each way, 1 + IPUs/4 hops) for the pod's and all pods' IPUs, at least the "
+              "machine's"};
 }
 constexpr double kMk2ClockHz = 1.33e9;
 constexpr double kBowClockHz = 1.85e9;
@@ -97,12 +113,13 @@ TopologySpec preset_spec(const PresetShape& preset) {
   spec.within_machine = ipu_link_within_machine();
   spec.between_machines = ipu_link_between_machines();
   spec.between_pods = gw_link();
-  spec.sync = sync_costs(kMk2ClockHz, "MK2 GC200");
+  const int ipus_per_pod = preset.machines_per_pod * preset.ipus_per_machine;
+  spec.sync = sync_costs(kMk2ClockHz, "MK2 GC200", ipus_per_pod, preset.pods * ipus_per_pod);
   if (preset.is_bow) {
     spec.within_machine = bow(spec.within_machine);
     spec.between_machines = bow(spec.between_machines);
     spec.between_pods = bow(spec.between_pods);
-    spec.sync = sync_costs(kBowClockHz, "Bow");
+    spec.sync = sync_costs(kBowClockHz, "Bow", ipus_per_pod, preset.pods * ipus_per_pod);
   }
   spec.layout = preset.layout;
   return spec;

@@ -1,5 +1,4 @@
 // The built-in architecture presets (MK1, MK2, Bow and a tiny test IPU) and their sources.
-// Figures marked "assumed" have no public source yet and are the first to calibrate.
 #include "ipu_process/arch.hpp"
 
 #include <algorithm>
@@ -17,10 +16,30 @@
 namespace ipupod::ipu {
 namespace {
 
-// Shared by every preset until a measurement says otherwise.
-constexpr const char* kAssumedOverheads =
-    "exchange latency, internal sync, per-vertex overhead, vertex state and code size: "
-    "assumed, to be calibrated";
+// Where each figure comes from: "<fields>: <source>", one line per group of fields (a test
+// checks that every figure of every built-in preset is named and none is unsourced). Figures
+// with no public value are "fitted": scripts/calibration/fit.py chooses them against the public
+// throughput measurements, one value for every model.
+constexpr const char* kSourceFitted =
+    "exchange_latency_cycles, sync_cycles_internal, vertex_overhead_cycles: fitted "
+    "(scripts/calibration/fit.py against the public measurements of docs/calibration.md); no "
+    "public figure. PopLibs' own estimators (graphcore/poplibs popops and poplin "
+    "PerformanceEstimation) charge ~26-50 worker cycles (x6 workers) of fixed cost per vertex and "
+    "no start-up cost per exchange";
+constexpr const char* kSourceVertexState =
+    "vertex_state_bytes_per_region: 8 bytes, Poplar user guide 'Vertex vector types': a SPAN "
+    "field is a pointer and a 32-bit count";
+constexpr const char* kSourceCode =
+    "codelet_code_bytes: fitted to nothing (memory only, no cycles): no public per-codelet code "
+    "size; PopVision reports code per tile as its own category, which this figure stands for";
+constexpr const char* kSourceVector =
+    "fp32_vector_width, amp_pipeline_depth: PopLibs' 64-bit data path (2 float32 or 4 float16 per "
+    "instruction: f32v2/f16v4 codelets; CONV_UNIT_INPUT_LOAD_ELEMS 2/4 in poplibs_support/"
+    "TileConstants.hpp) and AMP pipeline depth 4 (convUnitPipelineDepth of PopLibs' early "
+    "popnn/Net.hpp): an engine sums 16 float16 or 8 float32 inputs per output";
+constexpr const char* kSourceExternalSync =
+    "sync_cycles_external: globalSyncCycles 500 of an early Poplar IPUModel preset (PopLibs "
+    "popnn/Net.cpp); the least a cross-IPU sync costs, topologies give wider scopes more";
 
 std::vector<ArchPreset> make_presets() {
   std::vector<ArchPreset> p;
@@ -45,14 +64,25 @@ std::vector<ArchPreset> make_presets() {
   mk2.codelet_code_bytes = 2048;
   mk2.host_link_bytes_per_s = 15.75e9;
   mk2.sources = {
-      "tiles, SRAM per tile, clock, workers, FP32/FP16 FLOP per cycle per tile: Graphcore GC200 "
-      "datasheet (62.5 TFLOPS FP32, ~250 TFLOPS FP16 at 1472 tiles x 1.33 GHz)",
-      "exchange 4 bytes/cycle/tile: ~8 TB/s on-chip exchange / 1472 tiles / 1.33 GHz; Jia et al. "
-      "arXiv 1912.03413",
-      "vector width 2 x float32 (64-bit SIMD): Jia et al. arXiv 1912.03413",
-      "external sync 500 cycles: globalSyncCycles of an early Poplar IPUModel preset",
-      "host link: PCIe Gen4 x8 per IPU to the IPU-Gateway (16 GT/s x 8 lanes, 128b/130b)",
-      kAssumedOverheads};
+      "tiles, bytes_per_tile, clock_hz, workers_per_tile: Graphcore GC200 specification (1,472 "
+      "tiles, 900 MB In-Processor-Memory, 1.33 GHz, 6 worker threads per tile)",
+      "fp32_flops_per_cycle_per_tile, fp16_flops_per_cycle_per_tile: IPU-M2000 and IPU-POD128 "
+      "datasheets (62.5 TFLOPS FP32 and 250 TFLOPS FP16.16 per IPU = 32 and 128 FLOP per cycle "
+      "per tile at 1,472 tiles x 1.33 GHz)",
+      "fp16_fp32_partials_flops_per_cycle_per_tile: half the FP16.16 rate, derived: PopLibs' MK2 "
+      "AMP codelets run float16 products into float16 partials on 16 engines and into float32 "
+      "partials on 8 (poplin conv_partial_1x1 'half_half_16' and 'half_float_8' variants); no "
+      "datasheet quotes FP16.32",
+      kSourceVector,
+      "exchange_bytes_per_cycle_per_tile: 4, PopLibs' IPU model (ipuExchangeBandwidth 4 in "
+      "popnn/Net.hpp; Poplar IPUModel exchangeBytesPerCycle) = 7.8 TB/s on an MK2, its quoted "
+      "~8 TB/s exchange",
+      kSourceExternalSync,
+      kSourceVertexState,
+      "host_link_bytes_per_s: PCIe Gen4 x8 per IPU to the IPU-Gateway (16 GT/s x 8 lanes, "
+      "128b/130b; IPU-M2000 block diagram)",
+      kSourceFitted,
+      kSourceCode};
   p.push_back(mk2);
 
   ArchPreset mk1 = mk2;
@@ -65,22 +95,41 @@ std::vector<ArchPreset> make_presets() {
   mk1.fp16_flops_per_cycle_per_tile = 64;
   mk1.fp16_fp32_partials_flops_per_cycle_per_tile = 64;
   mk1.sources = {
-      "tiles, SRAM per tile, clock: Jia et al. arXiv 1912.03413",
-      "FLOP per cycle per tile: 31.1 TFLOPS FP32 and 124.5 TFLOPS FP16 / 1216 tiles / 1.6 GHz",
-      "exchange 4 bytes/cycle/tile, vector width: Jia et al. arXiv 1912.03413",
-      "external sync 500 cycles: globalSyncCycles of an early Poplar IPUModel preset",
-      "host link: as MK2 (assumed)",
-      kAssumedOverheads};
+      "tiles, bytes_per_tile, clock_hz, workers_per_tile: Jia et al., arXiv 1912.03413 (1,216 "
+      "tiles x 256 KiB, 1.6 GHz, 6 workers)",
+      "fp32_flops_per_cycle_per_tile, fp16_flops_per_cycle_per_tile, "
+      "fp16_fp32_partials_flops_per_cycle_per_tile: 31.1 TFLOPS FP32 and 124.5 TFLOPS mixed "
+      "precision (Jia et al.) / 1,216 tiles / 1.6 GHz; PopLibs' early MK1 model gives float16 "
+      "products 8 AMP engines with either partials type (popnn/Net.hpp)",
+      kSourceVector,
+      "exchange_bytes_per_cycle_per_tile: 4, PopLibs' MK1 IPU model (popnn/Net.hpp) and Jia et "
+      "al.",
+      kSourceExternalSync,
+      kSourceVertexState,
+      "host_link_bytes_per_s: as MK2 (PCIe Gen4 x8); the C2 card's own PCIe link, not measured",
+      kSourceFitted,
+      kSourceCode};
   p.push_back(mk1);
 
   ArchPreset bow = mk2;
   bow.name = "bow";
   bow.description = "Bow IPU (Bow-2000)";
   bow.clock_hz = 1.85e9;
-  bow.sources = {"tiles, SRAM per tile: as GC200 (Graphcore Bow-2000 datasheet)",
-                 "clock 1.85 GHz and 350 TFLOPS FP16 (= 128 FLOP/cycle/tile): Bow-2000 datasheet",
-                 "FP32 32 FLOP/cycle/tile: same ratio as GC200, unverified",
-                 "exchange, vector width, sync, host link: as MK2", kAssumedOverheads};
+  bow.sources = {
+      "tiles, bytes_per_tile, workers_per_tile: as GC200 (Bow-2000 datasheet: the same "
+      "Colossus MK2 tiles on a wafer-on-wafer die)",
+      "clock_hz, fp16_flops_per_cycle_per_tile: Bow-2000 datasheet (1.4 petaFLOPS FP16.16 per "
+      "4 IPUs = 350 TFLOPS = 128 FLOP per cycle per tile at 1.85 GHz)",
+      "fp32_flops_per_cycle_per_tile: Bow Pod256 datasheet (22.31 petaFLOPS FP32 / 256 IPUs = "
+      "87 TFLOPS = 32 FLOP per cycle per tile)",
+      "fp16_fp32_partials_flops_per_cycle_per_tile: as MK2 (the same AMP)",
+      kSourceVector,
+      "exchange_bytes_per_cycle_per_tile, host_link_bytes_per_s: as MK2 (the same tile "
+      "exchange and gateway)",
+      kSourceExternalSync,
+      kSourceVertexState,
+      kSourceFitted,
+      kSourceCode};
   p.push_back(bow);
 
   ArchPreset tiny = mk2;

@@ -157,7 +157,7 @@ TEST(TopologyFile, TheExampleFileLoadsByPathLikeAPreset) {
   EXPECT_EQ(topo.machines_per_pod(), 2);
   EXPECT_DOUBLE_EQ(topo.link(3, 4).bandwidth_bytes_per_s, 32e9);
   EXPECT_DOUBLE_EQ(topo.link(3, 4).latency_s, 2e-6);
-  EXPECT_DOUBLE_EQ(topo.sync().within_pod_s, 1e-6);
+  EXPECT_DOUBLE_EQ(topo.sync().within_pod_s, 0.376e-6);
   EXPECT_NE(topo.describe().find("example of a user topology"), std::string::npos);
 }
 
@@ -252,4 +252,21 @@ TEST(TopologyFile, FieldsAreCheckedForTypeSignAndRange) {
 }
 
 }  // namespace
+TEST(TopologyPresets, EveryLinkAndSyncNamesItsSourceAndNoneIsAssumed) {
+  for (const std::string& name : Topology::preset_names()) {
+    const Topology t = Topology::preset(name);
+    for (const LinkClass* link :
+         {&t.spec().within_machine, &t.spec().between_machines, &t.spec().between_pods}) {
+      EXPECT_FALSE(link->source.empty()) << name << ": " << link->name;
+      EXPECT_EQ(link->source.find("assumed"), std::string::npos) << name << ": " << link->source;
+    }
+    EXPECT_FALSE(t.sync().source.empty()) << name;
+    EXPECT_EQ(t.sync().source.find("assumed"), std::string::npos)
+        << name << ": " << t.sync().source;
+    // A wider scope never syncs faster.
+    EXPECT_LE(t.sync().within_machine_s, t.sync().within_pod_s) << name;
+    EXPECT_LE(t.sync().within_pod_s, t.sync().between_pods_s) << name;
+  }
+}
+
 }  // namespace ipupod::fabric
