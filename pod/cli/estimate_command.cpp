@@ -109,6 +109,7 @@ Played play_slowest(const std::vector<std::size_t>& classes,
 // One configuration of the estimate (one of a sweep's).
 struct Job {
   std::size_t replicas, stages, accumulation, iterations;
+  std::string topology;
 };
 
 std::vector<Job> jobs_of(const EstimateConfig& c) {
@@ -116,14 +117,17 @@ std::vector<Job> jobs_of(const EstimateConfig& c) {
   const auto list = [](const std::vector<std::size_t>& given, std::size_t value) {
     return given.empty() ? std::vector<std::size_t>{value} : given;
   };
+  const std::vector<std::string> topologies =
+      c.sweep_topologies.empty() ? std::vector<std::string>{t.topology} : c.sweep_topologies;
   std::vector<Job> jobs;
-  for (std::size_t s : list(c.sweep_stages, t.stages))
-    for (std::size_t r : list(c.sweep_replicas, t.replicas))
-      for (std::size_t g : c.accumulation_given || !c.sweep_accumulation.empty()
-                               ? list(c.sweep_accumulation, t.gradient_accumulation)
-                               : std::vector<std::size_t>{std::max<std::size_t>(1, s)})
-        for (std::size_t d : list(c.sweep_iterations, t.device_iterations))
-          jobs.push_back({r, s, g, d});
+  for (const std::string& topology : topologies)
+    for (std::size_t s : list(c.sweep_stages, t.stages))
+      for (std::size_t r : list(c.sweep_replicas, t.replicas))
+        for (std::size_t g : c.accumulation_given || !c.sweep_accumulation.empty()
+                                 ? list(c.sweep_accumulation, t.gradient_accumulation)
+                                 : std::vector<std::size_t>{std::max<std::size_t>(1, s)})
+          for (std::size_t d : list(c.sweep_iterations, t.device_iterations))
+            jobs.push_back({r, s, g, d, topology});
   return jobs;
 }
 
@@ -133,13 +137,14 @@ TrainConfig job_config(const EstimateConfig& c, const Job& j) {
   t.stages = j.stages;
   t.gradient_accumulation = j.accumulation;
   t.device_iterations = j.iterations;
+  t.topology = j.topology;
   return t;
 }
 
 std::string job_name(const Job& j) {
   return std::to_string(j.replicas) + " replicas x " + std::to_string(j.stages) +
          " stages, accumulation " + std::to_string(j.accumulation) + ", device iterations " +
-         std::to_string(j.iterations);
+         std::to_string(j.iterations) + " on " + j.topology;
 }
 
 // Jobs compiled together: the same stages, and replica counts whose graphs are the same (one

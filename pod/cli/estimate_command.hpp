@@ -28,6 +28,7 @@ struct EstimateConfig {
   // compile.train), compiled once per stage count and replica class and written as a CSV
   // (default RUN_DIR/estimate.csv) beside estimate.json.
   std::vector<std::size_t> sweep_replicas, sweep_stages, sweep_accumulation, sweep_iterations;
+  std::vector<std::string> sweep_topologies;  // the compiled stages are timed on each
   std::string csv;
 };
 

@@ -276,6 +276,41 @@ TEST_F(PodEstimate, ASweepSharesItsCompilesAndEachRowIsThatJobsEstimate) {
       << bad.output;
 }
 
+// A sweep over topologies times the same compiled stages on each: one compile per stage, and
+// each row equals the estimate on that topology alone.
+TEST_F(PodEstimate, ASweepOverTopologiesTimesTheSameCompiles) {
+  const std::string model =
+      " --model mlp --hidden 24 --arch tiny --micro-batch 4 --stages 2 --replicas 4 --run-dir ";
+  const Result sweep =
+      run(std::string(IPUPOD_BINARY) + " estimate" + model + (dir() / "topology-sweep").string() +
+          " --sweep-topologies pod16,pod64,pod256");
+  ASSERT_EQ(sweep.exit_code, 0) << sweep.output;
+  EXPECT_NE(sweep.output.find("3 configurations from 2 stage compiles"), std::string::npos)
+      << sweep.output;
+  std::ifstream csv(dir() / "topology-sweep" / "estimate.csv");
+  std::string row;
+  std::getline(csv, row);
+  std::map<std::string, double> predicted;
+  while (std::getline(csv, row)) {
+    std::vector<std::string> cells;
+    std::stringstream cells_of(row);
+    for (std::string cell; std::getline(cells_of, cell, ',');) cells.push_back(cell);
+    ASSERT_GE(cells.size(), 12u) << row;
+    predicted[cells[2]] = std::stod(cells[11]);
+  }
+  ASSERT_EQ(predicted.size(), 3u);
+  for (const std::string topology : {"pod16", "pod256"}) {
+    const fs::path alone = dir() / ("topology-" + topology);
+    const Result one = run(std::string(IPUPOD_BINARY) + " estimate" + model + alone.string() +
+                           " --topology " + topology);
+    ASSERT_EQ(one.exit_code, 0) << one.output;
+    EXPECT_NEAR(predicted[topology] /
+                    read_json(alone / "estimate.json").at("predicted_samples_per_s").get<double>(),
+                1.0, 1e-9)
+        << topology;
+  }
+}
+
 // A training run's config file serves an estimate as it is: the options that do not shape the
 // timing (data, epochs, learning rate) are left out, the others taken.
 TEST_F(PodEstimate, TakesATrainingRunsConfigFile) {
