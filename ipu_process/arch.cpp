@@ -18,20 +18,20 @@ namespace {
 
 // Where each figure comes from: "<fields>: <source>", one line per group of fields (a test
 // checks that every figure of every built-in preset is named and none is unsourced). Figures
-// with no public value are "fitted": scripts/calibration/fit.py chooses them against the public
+// with no public value are the parameters scripts/calibration/fit.py fits against the public
 // throughput measurements, one value for every model.
 constexpr const char* kSourceFitted =
-    "exchange_latency_cycles, sync_cycles_internal, vertex_overhead_cycles: fitted "
-    "(scripts/calibration/fit.py against the public measurements of docs/calibration.md); no "
-    "public figure. PopLibs' own estimators (graphcore/poplibs popops and poplin "
-    "PerformanceEstimation) charge ~26-50 worker cycles (x6 workers) of fixed cost per vertex and "
-    "no start-up cost per exchange";
+    "exchange_latency_cycles, sync_cycles_internal, vertex_overhead_cycles: no public figure; "
+    "the parameters scripts/calibration/fit.py fits to the public measurements, one value for "
+    "every model (docs/calibration.md: the fit's state and its errors). PopLibs' own "
+    "estimators (graphcore/poplibs popops and poplin PerformanceEstimation) charge ~26-50 worker "
+    "cycles (x6 workers) of fixed cost per vertex and no start-up cost per exchange";
 constexpr const char* kSourceVertexState =
     "vertex_state_bytes_per_region: 8 bytes, Poplar user guide 'Vertex vector types': a SPAN "
     "field is a pointer and a 32-bit count";
 constexpr const char* kSourceCode =
-    "codelet_code_bytes: fitted to nothing (memory only, no cycles): no public per-codelet code "
-    "size; PopVision reports code per tile as its own category, which this figure stands for";
+    "codelet_code_bytes: no public per-codelet code size, and no cycles depend on it (memory "
+    "only); PopVision reports code per tile as its own category, which this figure stands for";
 constexpr const char* kSourceVector =
     "fp32_vector_width, amp_pipeline_depth: PopLibs' 64-bit data path (2 float32 or 4 float16 per "
     "instruction: f32v2/f16v4 codelets; CONV_UNIT_INPUT_LOAD_ELEMS 2/4 in poplibs_support/"
@@ -144,6 +144,27 @@ std::vector<ArchPreset> make_presets() {
 
 }  // namespace
 
+const std::vector<std::string>& ArchPreset::figures() {
+  static const std::vector<std::string> names = {"tiles",
+                                                 "bytes_per_tile",
+                                                 "clock_hz",
+                                                 "workers_per_tile",
+                                                 "fp32_flops_per_cycle_per_tile",
+                                                 "fp16_flops_per_cycle_per_tile",
+                                                 "fp16_fp32_partials_flops_per_cycle_per_tile",
+                                                 "amp_pipeline_depth",
+                                                 "fp32_vector_width",
+                                                 "exchange_bytes_per_cycle_per_tile",
+                                                 "exchange_latency_cycles",
+                                                 "sync_cycles_internal",
+                                                 "sync_cycles_external",
+                                                 "vertex_overhead_cycles",
+                                                 "vertex_state_bytes_per_region",
+                                                 "codelet_code_bytes",
+                                                 "host_link_bytes_per_s"};
+  return names;
+}
+
 const std::vector<ArchPreset>& ArchPreset::all() {
   static const std::vector<ArchPreset> presets = make_presets();
   return presets;
@@ -239,30 +260,13 @@ ArchPreset load_preset_file(const std::string& path) {
                                   "; fix it, or drop it to keep the base preset's");
     value = x;
   };
-  static const std::vector<std::string> known = {"base",
-                                                 "name",
-                                                 "description",
-                                                 "tiles",
-                                                 "bytes_per_tile",
-                                                 "clock_hz",
-                                                 "workers_per_tile",
-                                                 "fp32_flops_per_cycle_per_tile",
-                                                 "fp16_flops_per_cycle_per_tile",
-                                                 "fp16_fp32_partials_flops_per_cycle_per_tile",
-                                                 "amp_pipeline_depth",
-                                                 "fp32_vector_width",
-                                                 "exchange_bytes_per_cycle_per_tile",
-                                                 "exchange_latency_cycles",
-                                                 "sync_cycles_internal",
-                                                 "sync_cycles_external",
-                                                 "vertex_overhead_cycles",
-                                                 "vertex_state_bytes_per_region",
-                                                 "codelet_code_bytes",
-                                                 "host_link_bytes_per_s",
-                                                 "sources"};
+  const auto& figures = ArchPreset::figures();
+  const auto known = [&](const std::string& key) {
+    return key == "base" || key == "name" || key == "description" || key == "sources" ||
+           std::find(figures.begin(), figures.end(), key) != figures.end();
+  };
   for (const auto& [key, value] : j.items())
-    if (std::find(known.begin(), known.end(), key) == known.end())
-      throw std::invalid_argument(where + "unknown field '" + key + "'");
+    if (!known(key)) throw std::invalid_argument(where + "unknown field '" + key + "'");
   if (j.contains("name")) p.name = string_at("name");
   if (j.contains("description")) p.description = string_at("description");
   whole("tiles", p.tiles, 1, kMaxTiles);

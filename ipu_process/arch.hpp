@@ -41,6 +41,8 @@ struct ArchPreset {
   // Throws std::invalid_argument for an unknown name, a bad file or an unknown field.
   static const ArchPreset& get(std::string_view name_or_file);
   static const std::vector<ArchPreset>& all();  // the built-in presets
+  // The names of the figures above, as preset files and source lines spell them.
+  static const std::vector<std::string>& figures();
 };
 
 }  // namespace ipupod::ipu

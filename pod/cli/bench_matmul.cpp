@@ -179,7 +179,9 @@ int run_matmul_bench(const MatMulBenchOptions& o) {
   std::cout << std::fixed << std::setprecision(2);
   std::cout << "plan on " << arch.name << ": " << plan.row_blocks << " x " << plan.col_blocks
             << " output blocks x " << plan.k_splits << " inner splits = " << plan.tiles() << " of "
-            << arch.tiles << " tiles\n";
+            << arch.tiles << " tiles";
+  if (plan.k_serial > 1) std::cout << ", inner dimension in " << plan.k_serial << " serial passes";
+  std::cout << "\n";
   std::cout << "emulator compile: graph " << 1e3 * build_seconds << " ms, engine "
             << 1e3 * engine_seconds << " ms\n";
   std::cout << "emulator (ipupod, " << arch.name << "): " << 1e3 * emu << " ms per run, "

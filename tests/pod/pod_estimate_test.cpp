@@ -35,6 +35,21 @@ nlohmann::json read_json(const fs::path& p) {
 // for `busy` cycles in slots s .. s + G - 1 and idle in the others, an external sync after
 // every slot. Stage 0 ends after (G + S - 1) x busy cycles, of which (S - 1) x busy waiting:
 // the pipeline's bubble.
+// The rows of an estimate CSV after its header, each split into cells.
+std::vector<std::vector<std::string>> csv_rows(const fs::path& p, std::string* header = nullptr) {
+  std::ifstream csv(p);
+  std::string row;
+  std::getline(csv, row);
+  if (header) *header = row;
+  std::vector<std::vector<std::string>> rows;
+  while (std::getline(csv, row)) {
+    std::vector<std::string>& cells = rows.emplace_back();
+    std::stringstream cells_of(row);
+    for (std::string cell; std::getline(cells_of, cell, ',');) cells.push_back(cell);
+  }
+  return rows;
+}
+
 TEST(PlayPipeline, TheGroupedPipelinesBubbleIsTheRampOfItsStages) {
   const std::size_t micro_batches = 5, stages = 3, slots = micro_batches + stages - 1;
   const std::uint64_t busy = 1000;
@@ -235,20 +250,14 @@ TEST_F(PodEstimate, ASweepSharesItsCompilesAndEachRowIsThatJobsEstimate) {
   // (1 + 2 stages) x (one replica, several replicas) compiles for 24 configurations.
   EXPECT_NE(sweep.output.find("24 configurations from 6 stage compiles"), std::string::npos)
       << sweep.output;
-  std::ifstream csv(dir() / "sweep" / "estimate.csv");
-  std::string header, row;
-  std::getline(csv, header);
-  std::size_t rows = 0;
+  std::string header;
+  const auto rows = csv_rows(dir() / "sweep" / "estimate.csv", &header);
   std::map<std::string, double> predicted;  // "R S G D" -> samples/s
-  while (std::getline(csv, row)) {
-    ++rows;
-    std::vector<std::string> cells;
-    std::stringstream cells_of(row);
-    for (std::string cell; std::getline(cells_of, cell, ',');) cells.push_back(cell);
-    ASSERT_GE(cells.size(), 12u) << row;
+  for (const auto& cells : rows) {
+    ASSERT_GE(cells.size(), 12u);
     predicted[cells[3] + " " + cells[4] + " " + cells[5] + " " + cells[6]] = std::stod(cells[11]);
   }
-  EXPECT_EQ(rows, 24u);
+  EXPECT_EQ(rows.size(), 24u);
   EXPECT_EQ(header.substr(0, 24), "model,arch,topology,repl");
   for (const std::string job : {"2 2 4 3", "4 1 2 1", "1 2 2 3"}) {
     std::stringstream counts(job);
@@ -287,15 +296,9 @@ TEST_F(PodEstimate, ASweepOverTopologiesTimesTheSameCompiles) {
   ASSERT_EQ(sweep.exit_code, 0) << sweep.output;
   EXPECT_NE(sweep.output.find("3 configurations from 2 stage compiles"), std::string::npos)
       << sweep.output;
-  std::ifstream csv(dir() / "topology-sweep" / "estimate.csv");
-  std::string row;
-  std::getline(csv, row);
-  std::map<std::string, double> predicted;
-  while (std::getline(csv, row)) {
-    std::vector<std::string> cells;
-    std::stringstream cells_of(row);
-    for (std::string cell; std::getline(cells_of, cell, ',');) cells.push_back(cell);
-    ASSERT_GE(cells.size(), 12u) << row;
+  std::map<std::string, double> predicted;  // topology -> samples/s
+  for (const auto& cells : csv_rows(dir() / "topology-sweep" / "estimate.csv")) {
+    ASSERT_GE(cells.size(), 12u);
     predicted[cells[2]] = std::stod(cells[11]);
   }
   ASSERT_EQ(predicted.size(), 3u);
