@@ -459,7 +459,8 @@ void register_conv_codelets(CodeletRegistry& r) {
   const std::size_t k = ConvGeometry::kParams;
   r.add({"ConvForward",
          "rows of output planes of a 2-D convolution from the tile's input rows (with halo) "
-         "and weight slice; params: geometry (h w oh ow kh kw sh sw dh dw pad_top pad_left), "
+         "and weight slice; params: geometry (h w oh ow kh kw sh sw dh dw pad_top pad_left, "
+         "then a group's input and output channels and half partials, for the cycle estimate), "
          "local channels, local rows, first row, channels per group, output rows, then per "
          "output region: batch, weight offset, first input channel",
          {"x", "w", "out"},

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "fabric/topology.hpp"
 #include "ipu_process/arch.hpp"
 #include "pod/cli/compile_command.hpp"
 #include "pod/compiler/compiler.hpp"
@@ -112,6 +113,15 @@ struct Job {
   std::string topology;
 };
 
+// The IPUs of a topology, or 0 when it cannot be read (validation then names the error).
+std::size_t topology_ipus(const std::string& topology) {
+  try {
+    return static_cast<std::size_t>(fabric::Topology::preset(topology).ipus());
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
 std::vector<Job> jobs_of(const EstimateConfig& c) {
   const TrainConfig& t = c.compile.train;
   const auto list = [](const std::vector<std::size_t>& given, std::size_t value) {
@@ -128,6 +138,13 @@ std::vector<Job> jobs_of(const EstimateConfig& c) {
                                  : std::vector<std::size_t>{std::max<std::size_t>(1, s)})
           for (std::size_t d : list(c.sweep_iterations, t.device_iterations))
             jobs.push_back({r, s, g, d, topology});
+  // Across several topologies, the combinations a topology is too small for are left out (a
+  // sweep over POD16 to POD256 and 16 to 256 replicas); a single topology still refuses them.
+  if (topologies.size() > 1)
+    std::erase_if(jobs, [](const Job& j) {
+      const std::size_t ipus = topology_ipus(j.topology);
+      return ipus > 0 && j.replicas * j.stages > ipus;
+    });
   return jobs;
 }
 
@@ -360,6 +377,10 @@ void validate(const EstimateConfig& c) {
         "modelled), got " +
         std::to_string(c.host_input_rate));
   const std::vector<Job> jobs = jobs_of(c);
+  if (jobs.empty())
+    throw UsageError(
+        "no configuration of the sweep fits on any of its topologies; give larger "
+        "topologies or fewer replicas and stages");
   if (jobs.size() > kMaxJobs)
     throw UsageError("the sweep has " + std::to_string(jobs.size()) +
                      " configurations, more than " + std::to_string(kMaxJobs) +

@@ -302,6 +302,21 @@ TEST_F(PodEstimate, ASweepOverTopologiesTimesTheSameCompiles) {
     predicted[cells[2]] = std::stod(cells[11]);
   }
   ASSERT_EQ(predicted.size(), 3u);
+  // Across topologies, a combination a topology is too small for is left out.
+  const Result mixed =
+      run(std::string(IPUPOD_BINARY) +
+          " estimate --model mlp --hidden 24 --arch tiny --micro-batch 4 --run-dir " +
+          (dir() / "topology-sizes").string() +
+          " --sweep-topologies m2000,pod16 --sweep-replicas 4,16");
+  ASSERT_EQ(mixed.exit_code, 0) << mixed.output;
+  EXPECT_EQ(csv_rows(dir() / "topology-sizes" / "estimate.csv").size(), 3u) << mixed.output;
+  const Result none = run(
+      std::string(IPUPOD_BINARY) +
+      " estimate --model mlp --hidden 24 --arch tiny --micro-batch 4 --run-dir " +
+      (dir() / "topology-none").string() + " --sweep-topologies m2000,pod16 --sweep-replicas 32");
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_NE(none.output.find("no configuration of the sweep fits"), std::string::npos)
+      << none.output;
   for (const std::string topology : {"pod16", "pod256"}) {
     const fs::path alone = dir() / ("topology-" + topology);
     const Result one = run(std::string(IPUPOD_BINARY) + " estimate" + model + alone.string() +
