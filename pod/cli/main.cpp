@@ -378,9 +378,10 @@ CLI::Option* add_estimate_options(CLI::App& estimate, ipupod::pod::EstimateConfi
         "A sweep: gradient accumulation counts, e.g. 10,20,40,60");
   sweep("--sweep-device-iterations", c.sweep_iterations,
         "A sweep: device iteration counts, e.g. 10,20");
-  estimate.add_option("--sweep-topologies", c.sweep_topologies,
-                      "A sweep: topologies the compiled stages are timed on, e.g. "
-                      "bow-pod16,bow-pod64,bow-pod256")
+  estimate
+      .add_option("--sweep-topologies", c.sweep_topologies,
+                  "A sweep: topologies the compiled stages are timed on, e.g. "
+                  "bow-pod16,bow-pod64,bow-pod256")
       ->delimiter(',');
   estimate.add_option("--csv", c.csv,
                       "A sweep's CSV, one row per configuration (default "
