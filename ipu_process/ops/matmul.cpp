@@ -360,7 +360,7 @@ void register_matmul_codelets(CodeletRegistry& r) {
            for (const Tensor& t : v.fields[2]) elements += t.elements();
            // Each output sums `depth` products; the block's columns share each row of a.
            return mac_cycles(a, static_cast<double>(elements) * v.params[1], v.fields[0][0].dtype(),
-                             {v.params[1], v.params[2], v.params.size() > 6 && v.params[6] != 0});
+                             {v.params[1], v.params[2], v.params[6] != 0});
          }});
   r.add({"MatMulReduce",
          "out = partials[0] + partials[1] + ... (float32, added in region order) for the "
@@ -455,6 +455,41 @@ void copy_block(CopyRuns& copies, const Tensor& src, std::size_t row_length, std
                dst.slice((r - row0) * width, (r - row0 + 1) * width));
 }
 
+// The operand pieces of output block [r0, r1) x [c0, c1) over inner range [k0, k1), gathered
+// onto `tile` by the exchange (added to `copies`): op(a)'s rows and op(b)'s columns.
+struct Operands {
+  Tensor a, b;
+};
+Operands gather_operands(CopyRuns& copies, TilePieces& a_pieces, TilePieces& b_pieces,
+                         unsigned tile, const Tensor& a_flat, const Tensor& b_flat, bool ta,
+                         bool tb, std::size_t m, std::size_t k, std::size_t n, std::size_t r0,
+                         std::size_t r1, std::size_t c0, std::size_t c1, std::size_t k0,
+                         std::size_t k1) {
+  const std::size_t rows = r1 - r0, cols = c1 - c0, depth = k1 - k0;
+  Operands o{a_pieces.add(tile, ta ? std::vector{depth, rows} : std::vector{rows, depth}),
+             b_pieces.add(tile, tb ? std::vector{cols, depth} : std::vector{depth, cols})};
+  if (ta)
+    copy_block(copies, a_flat, m, k0, k1, r0, r1, o.a.flatten());
+  else
+    copy_block(copies, a_flat, k, r0, r1, k0, k1, o.a.flatten());
+  if (tb)
+    copy_block(copies, b_flat, k, c0, c1, k0, k1, o.b.flatten());
+  else
+    copy_block(copies, b_flat, n, k0, k1, c0, c1, o.b.flatten());
+  return o;
+}
+
+// c's regions of flat elements [e0, e1) of the block at (r0, c0) with `cols` columns, row by
+// row (c's rows are not adjacent in a block), appended to `field`.
+void add_block_rows(std::vector<Tensor>& field, const Tensor& c, std::size_t r0, std::size_t c0,
+                    std::size_t cols, std::size_t e0, std::size_t e1) {
+  for (std::size_t e = e0; e < e1;) {
+    const std::size_t r = e / cols, j = e % cols, len = std::min(cols - j, e1 - e);
+    field.push_back(c.row(r0 + r).slice(c0 + j, c0 + j + len));
+    e += len;
+  }
+}
+
 // The serial plan's lowering: every output block stays on one tile, which multiplies the
 // inner dimension in plan.k_serial passes. Pass p brings in its operand pieces (new
 // temporaries, which the memory plan lays over the last pass's) and leaves a float32 block of
@@ -497,19 +532,9 @@ void matmul_serial(Graph& graph, Program& prog, const Tensor& a, const Tensor& b
     const ComputeSetId cs = graph.add_compute_set(at);
     const ComputeSetId add_cs = graph.add_compute_set(at + "/add");
     for (Block& blk : blocks) {
-      const std::size_t r1 = blk.r0 + blk.rows, c1 = blk.c0 + blk.cols;
-      Tensor a_local =
-          a_pieces.add(blk.tile, ta ? std::vector{depth, blk.rows} : std::vector{blk.rows, depth});
-      Tensor b_local =
-          b_pieces.add(blk.tile, tb ? std::vector{blk.cols, depth} : std::vector{depth, blk.cols});
-      if (ta)
-        copy_block(copies, a_flat, m, k0, k1, blk.r0, r1, a_local.flatten());
-      else
-        copy_block(copies, a_flat, k, blk.r0, r1, k0, k1, a_local.flatten());
-      if (tb)
-        copy_block(copies, b_flat, k, blk.c0, c1, k0, k1, b_local.flatten());
-      else
-        copy_block(copies, b_flat, n, k0, k1, blk.c0, c1, b_local.flatten());
+      const auto [a_local, b_local] =
+          gather_operands(copies, a_pieces, b_pieces, blk.tile, a_flat, b_flat, ta, tb, m, k, n,
+                          blk.r0, blk.r0 + blk.rows, blk.c0, blk.c0 + blk.cols, k0, k1);
       const Tensor partial = partial_pieces.add(blk.tile, {blk.rows, blk.cols});
       const std::size_t per_worker = ceil_div(blk.rows, workers);
       for (std::size_t w0 = 0; w0 < blk.rows; w0 += per_worker) {
@@ -537,12 +562,7 @@ void matmul_serial(Graph& graph, Program& prog, const Tensor& a, const Tensor& b
         if (!last)
           v.fields[1].push_back(sum.flatten().slice(e0, e1));
         else
-          for (std::size_t e = e0; e < e1;) {
-            const std::size_t r = e / blk.cols, j = e % blk.cols;
-            const std::size_t len = std::min(blk.cols - j, e1 - e);
-            v.fields[1].push_back(c.row(blk.r0 + r).slice(blk.c0 + j, blk.c0 + j + len));
-            e += len;
-          }
+          add_block_rows(v.fields[1], c, blk.r0, blk.c0, blk.cols, e0, e1);
         graph.add_vertex(add_cs, std::move(v));
       }
       if (!last) blk.sum = sum;
@@ -575,18 +595,15 @@ MatMulPlan plan_matmul(const ArchPreset& arch, std::size_t m, std::size_t k, std
     const bool fits = c.bytes <= budget, best_fits = best_cost.bytes <= budget;
     if ((fits && (!best_fits || c.cycles < best_cost.cycles)) ||
         (!fits && !best_fits && c.bytes < best_cost.bytes)) {
-      best = {gm,
-              gn,
-              gk,
-              static_cast<std::uint64_t>(c.cycles),
-              static_cast<std::size_t>(c.bytes),
-              serial > 1 ? ceil_div(k, bk) : 1};
+      best = {
+          gm,    gn, gk, static_cast<std::uint64_t>(c.cycles), static_cast<std::size_t>(c.bytes),
+          serial};
       best_cost = c;
     }
   };
   // Every distinct block size of each dimension (block counts that give the same block size
   // are the same plan): the output's blocks, and for each the inner dimension's parallel
-  // splits (serial = 0), or, when no such plan fits, its serial passes on the same tiles.
+  // splits (max_serial 0), or, when no such plan fits, its serial passes on the same tiles.
   const auto search = [&](std::size_t max_serial) {
     std::size_t last_bm = 0;
     for (std::size_t gm = 1; gm <= std::min<std::size_t>(m, arch.tiles); ++gm) {
@@ -677,18 +694,9 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
       for (std::size_t k0 = 0; k0 < k; k0 += bk, ++tile) {
         const std::size_t k1 = std::min(k, k0 + bk), depth = k1 - k0;
         // Operand pieces this block needs, gathered onto its tile by the exchange.
-        Tensor a_local =
-            a_pieces.add(tile, ta ? std::vector{depth, rows} : std::vector{rows, depth});
-        Tensor b_local =
-            b_pieces.add(tile, tb ? std::vector{cols, depth} : std::vector{depth, cols});
-        if (ta)
-          copy_block(copies, a_flat, m, k0, k1, r0, r1, a_local.flatten());
-        else
-          copy_block(copies, a_flat, k, r0, r1, k0, k1, a_local.flatten());
-        if (tb)
-          copy_block(copies, b_flat, k, c0, c1, k0, k1, b_local.flatten());
-        else
-          copy_block(copies, b_flat, n, k0, k1, c0, c1, b_local.flatten());
+        const auto [a_local, b_local] =
+            gather_operands(copies, a_pieces, b_pieces, tile, a_flat, b_flat, ta, tb, m, k, n, r0,
+                            r1, c0, c1, k0, k1);
         // The block's result, or its partial sums over this piece of k (float32, as the AMP
         // accumulates, whatever the operands' type).
         Tensor out;
@@ -748,11 +756,7 @@ Tensor matmul(Graph& graph, Program& prog, const Tensor& a, const Tensor& b, boo
           const std::size_t s1 = std::min(e1, s0 + per_worker);
           Vertex v{"MatMulReduce", reducer, {{}, {}}, {}};
           for (const Tensor& src : sources) v.fields[0].push_back(src.slice(s0 - e0, s1 - e0));
-          for (std::size_t e = s0; e < s1;) {
-            const std::size_t r = e / cols, j = e % cols, len = std::min(cols - j, s1 - e);
-            v.fields[1].push_back(c.row(r0 + r).slice(c0 + j, c0 + j + len));
-            e += len;
-          }
+          add_block_rows(v.fields[1], c, r0, c0, cols, s0, s1);
           graph.add_vertex(reduce_cs, std::move(v));
         }
       }
