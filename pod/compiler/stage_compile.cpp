@@ -188,15 +188,30 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
     intervals += v.mapping.size();
     for (const auto& iv : v.mapping) ++per_tile[iv.tile];
   }
-  std::map<std::uint16_t, std::size_t> by_codelet;
+  // Per codelet: vertices, and field regions (vertex state) in all and on the busiest tile.
+  struct CodeletCounts {
+    std::size_t vertices = 0, regions = 0, busiest_tile_regions = 0;
+  };
+  const unsigned busiest = engine.memory().busiest().tile;
+  std::map<std::uint16_t, CodeletCounts> by_codelet;
   for (const auto& cs : g.compute_sets()) {
     vertices += cs.vertices.size();
     regions += cs.region_count;
-    for (const auto& v : cs.vertices) ++by_codelet[v.codelet];
+    for (const auto& v : cs.vertices) {
+      CodeletCounts& c = by_codelet[v.codelet];
+      ++c.vertices;
+      const std::size_t r = cs.regions_of(v);
+      c.regions += r;
+      if (v.tile == busiest) c.busiest_tile_regions += r;
+    }
   }
   nlohmann::json vertices_by_codelet = nlohmann::json::object();
-  for (const auto& [codelet, count] : by_codelet)
-    vertices_by_codelet[ipu::CodeletRegistry::builtin().at(codelet).name] = count;
+  nlohmann::json regions_by_codelet = nlohmann::json::object();
+  for (const auto& [codelet, c] : by_codelet) {
+    const std::string& name = ipu::CodeletRegistry::builtin().at(codelet).name;
+    vertices_by_codelet[name] = c.vertices;
+    regions_by_codelet[name] = {{"all_tiles", c.regions}, {"busiest_tile", c.busiest_tile_regions}};
+  }
 
   nlohmann::json j = memory_report_json(engine.memory(), arch);
   j["stage"] = stage;
@@ -210,6 +225,7 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
                 {"vertices", vertices},
                 {"vertices_by_codelet", vertices_by_codelet},
                 {"regions", regions},
+                {"regions_by_codelet", regions_by_codelet},
                 {"tile_intervals", intervals},
                 {"max_intervals_per_tile", *std::max_element(per_tile.begin(), per_tile.end())}};
   j["compile_seconds"] = {{"lower", lower_seconds}, {"engine", engine_seconds}};

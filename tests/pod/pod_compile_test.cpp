@@ -139,6 +139,26 @@ TEST(CompileCommand, WritesMemoryReportsAndExitsOneWhenAStageDoesNotFit) {
   const nlohmann::json memory = nlohmann::json::parse(in);
   ASSERT_EQ(memory.size(), 1u);
   EXPECT_EQ(memory[0].at("stage"), 1u);
+  // The graph section counts vertices and their state regions per codelet: the same codelets
+  // in both maps, the per-codelet sums equal to the totals, the busiest tile's share within
+  // the whole and present for at least one codelet.
+  const nlohmann::json& graph = memory[0].at("graph");
+  const nlohmann::json& by_vertex = graph.at("vertices_by_codelet");
+  const nlohmann::json& by_region = graph.at("regions_by_codelet");
+  ASSERT_EQ(by_vertex.size(), by_region.size());
+  std::size_t vertices = 0, regions = 0, busiest = 0;
+  for (const auto& [name, count] : by_vertex.items()) {
+    ASSERT_TRUE(by_region.contains(name)) << name;
+    const auto& r = by_region.at(name);
+    vertices += count.get<std::size_t>();
+    regions += r.at("all_tiles").get<std::size_t>();
+    busiest += r.at("busiest_tile").get<std::size_t>();
+    EXPECT_LE(r.at("busiest_tile").get<std::size_t>(), r.at("all_tiles").get<std::size_t>());
+  }
+  EXPECT_EQ(vertices, graph.at("vertices").get<std::size_t>());
+  EXPECT_EQ(regions, graph.at("regions").get<std::size_t>());
+  EXPECT_GT(busiest, 0u);
+  EXPECT_LT(busiest, regions);
   std::filesystem::remove_all(dir);
 }
 
