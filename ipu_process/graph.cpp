@@ -646,8 +646,11 @@ void Graph::add_vertex(ComputeSetId cs_id, const Vertex& vertex) {
       cs.params.size() + vertex.params.size() > UINT32_MAX)
     throw std::logic_error("compute set '" + cs.name +
                            "' would hold more than 2^32 regions or parameters; split it");
+  StateRegionCounter state;
   for (std::size_t f = 0; f < vertex.fields.size(); ++f) {
+    state.next_field();
     for (const Tensor& region : vertex.fields[f]) {
+      state.add(region.variable(), region.offset(), region.offset() + region.elements());
       const Variable& var = variables_.at(region.variable());
       if (region.dtype() != var.dtype || region.elements() > UINT32_MAX)
         throw std::logic_error(where() + ": region " + describe(region) + " of " +
@@ -663,7 +666,8 @@ void Graph::add_vertex(ComputeSetId cs_id, const Vertex& vertex) {
     }
     if (keep_vertex_regions_) cs.field_ends.push_back(static_cast<std::uint32_t>(cs.region_count));
   }
-  if (!keep_vertex_regions_) record.first_field = static_cast<std::uint32_t>(regions);
+  cs.state_regions += state.count();
+  if (!keep_vertex_regions_) record.first_field = static_cast<std::uint32_t>(state.count());
   if (keep_vertex_params_)
     cs.params.insert(cs.params.end(), vertex.params.begin(), vertex.params.end());
   else

@@ -4,6 +4,7 @@
 // host streams.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -162,6 +163,28 @@ struct FieldRegion {
   std::uint32_t elements = 0;
 };
 
+// Counts a vertex field's regions as vertex state sees them: consecutive regions of one
+// variable that touch or overlap count once, as one contiguous region that a multi-worker
+// vertex splits among its workers by offsets (PopLibs' MultiVertex codelets take one region per
+// operand, not one per worker).
+class StateRegionCounter {
+ public:
+  void add(VariableId var, std::size_t begin, std::size_t end) {
+    if (count_ > 0 && var == var_ && begin >= begin_ && begin <= end_) {
+      end_ = std::max(end_, end);
+      return;
+    }
+    ++count_, var_ = var, begin_ = begin, end_ = end;
+  }
+  void next_field() { var_ = kNone; }  // regions of different fields never merge
+  std::size_t count() const { return count_; }
+
+ private:
+  static constexpr VariableId kNone = ~VariableId{0};
+  std::size_t count_ = 0, begin_ = 0, end_ = 0;
+  VariableId var_ = kNone;
+};
+
 // A vertex as the graph keeps it, in the spirit of Poplar's compact vertex state: a record of
 // a few tens of bytes; its fields' regions and its parameters live in the compute set's shared
 // tables, so a full-size model's millions of vertices allocate nothing each.
@@ -171,7 +194,7 @@ struct VertexRecord {
   std::uint64_t cycles = 0;
   std::uint32_t tile = 0;
   // Its field f ends at ComputeSet::field_ends[first_field + f]; in a graph without regions
-  // (Graph::drop_vertex_regions), its region count.
+  // (Graph::drop_vertex_regions), its vertex-state region count (see StateRegionCounter).
   std::uint32_t first_field = 0;
   std::uint32_t first_param = 0;  // into ComputeSet::params
   std::uint32_t params = 0;
@@ -200,7 +223,8 @@ struct ComputeSet {
   };
   std::vector<Access> accesses;
   std::size_t region_count = 0;
-  bool released = false;  // the vertex tables were freed (see Graph::release_vertex_tables)
+  std::size_t state_regions = 0;  // vertex-state regions (see StateRegionCounter) in all
+  bool released = false;          // the vertex tables were freed (see Graph::release_vertex_tables)
 
   std::uint64_t cycles_of(const VertexRecord& v, std::size_t slice) const {
     return v.slices == 1 ? v.cycles : slice_cycles[v.cycles + slice];
@@ -214,10 +238,15 @@ struct ComputeSet {
   std::span<const double> vertex_params(const VertexRecord& v) const {
     return std::span(params).subspan(v.first_param, v.params);
   }
+  // Its vertex-state regions (see StateRegionCounter).
   std::size_t regions_of(const VertexRecord& v) const {
     if (field_ends.empty()) return v.first_field;  // without regions: their count (see Access)
-    const std::size_t begin = v.first_field == 0 ? 0 : field_ends[v.first_field - 1];
-    return field_ends[v.first_field + v.fields - 1] - begin;
+    StateRegionCounter counter;
+    for (std::size_t f = 0; f < v.fields; ++f) {
+      counter.next_field();
+      for (const FieldRegion& r : field(v, f)) counter.add(r.var, r.offset, r.offset + r.elements);
+    }
+    return counter.count();
   }
 };
 

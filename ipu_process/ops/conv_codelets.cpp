@@ -498,22 +498,34 @@ void register_conv_codelets(CodeletRegistry& r) {
                                   v.fields[0][0].dtype(), ConvGeometry::grad_weight_shape(v));
          },
          {"dw"}});
-  r.add({"ConvPartialsSum",
-         "out = the sum of the partial regions, in order (the reduction over tiles of weight "
-         "gradients)",
-         {"partials", "out"},
-         [](const VertexContext& c) {
-           auto out = c.region<float>(1);
-           std::fill(out.begin(), out.end(), 0.f);
-           for (std::size_t p = 0; p < c.regions(0); ++p) {
-             auto in = c.region<const float>(0, p);
-             for (std::size_t i = 0; i < out.size(); ++i) out[i] += in[i];
-           }
-         },
-         [](const Vertex& v, const ArchPreset& a) {
-           return vector_cycles(a, region_elements(v, 0), 1);
-         },
-         {"out"}});
+  {
+    // The partials of a block are rows of `width` values (PopLibs' equal-size partials
+    // reduction): the regions hold whole rows, and a worker slice sums its columns.
+    Codelet sum{"ConvPartialsSum",
+                "out[i] = the sum over the rows of every partials region, in order, of "
+                "row[first + i], each region holding rows of `width` values (the reduction "
+                "over tiles of weight gradients); params: width, first column (per worker slice)",
+                {"partials", "out"},
+                [](const VertexContext& c) {
+                  auto out = c.region<float>(1);
+                  const std::size_t width = c.size_param(0), first = c.size_param(1);
+                  std::fill(out.begin(), out.end(), 0.f);
+                  for (std::size_t p = 0; p < c.regions(0); ++p) {
+                    auto in = c.region<const float>(0, p);
+                    for (std::size_t row = 0; row + width <= in.size(); row += width)
+                      for (std::size_t i = 0; i < out.size(); ++i) out[i] += in[row + first + i];
+                  }
+                },
+                [](const Vertex& v, const ArchPreset& a) {
+                  const auto width = static_cast<std::size_t>(v.params.at(0));
+                  const std::size_t rows = width == 0 ? 0 : region_elements(v, 0) / width;
+                  return vector_cycles(a, rows * region_elements(v, 1), 1);
+                },
+                {"out"}};
+    sum.sliced = {"out"};
+    sum.slice_params = {1};
+    r.add(std::move(sum));
+  }
 }
 
 }  // namespace ipupod::ipu

@@ -288,7 +288,9 @@ Tensor conv2d_grad_weight(Graph& graph, Program& prog, const Tensor& dy, const T
           graph.set_tile_mapping(part, tile);
         partials[cb].push_back(part);
         if (b0 >= b1 || r0 >= r1) {  // an empty part (uneven blocks) contributes zeros
-          graph.add_vertex(cs, {"ConvPartialsSum", tile, {{}, {part.flatten()}}, {}});
+          graph.add_vertex(
+              cs,
+              {"ConvPartialsSum", tile, {{}, {part.flatten()}}, {double(part.elements()), 0.0}});
           continue;
         }
         const auto [ir0, ir1] = d.input_rows(r0, r1);
@@ -341,24 +343,21 @@ Tensor conv2d_grad_weight(Graph& graph, Program& prog, const Tensor& dy, const T
       const unsigned tile = tile_of(cb, s);
       graph.set_tile_mapping(block.slice(e0, e1), tile);
       Tensor gathered = gathered_pieces.add(tile, {parts - 1, len});
-      std::vector<Tensor> sources;
-      for (std::size_t p = 0, k = 0; p < parts; ++p) {
-        const Tensor piece = partials[cb][p].flatten().slice(e0, e1);
-        if (p == s) {
-          sources.push_back(piece);
-          continue;
-        }
-        gathers.add(piece, gathered.row(k));
-        sources.push_back(gathered.row(k++));
-      }
-      // The slice's elements shared out between the workers.
+      for (std::size_t p = 0, k = 0; p < parts; ++p)
+        if (p != s) gathers.add(partials[cb][p].flatten().slice(e0, e1), gathered.row(k++));
+      // One vertex, its workers sharing out the columns; the partials in part order: the
+      // gathered rows before part s, part s's own slice, the gathered rows after it.
+      Vertex v{"ConvPartialsSum", tile, {{}, {}}, {double(len), 0.0}};
+      if (s > 0) v.fields[0].push_back(gathered.rows(0, s).flatten());
+      v.fields[0].push_back(partials[cb][s].flatten().slice(e0, e1));
+      if (s + 1 < parts) v.fields[0].push_back(gathered.rows(s, parts - 1).flatten());
       const std::size_t wper = ceil_div(len, std::min(len, workers));
       for (std::size_t w0 = 0; w0 < len; w0 += wper) {
-        const std::size_t w1 = std::min(len, w0 + wper);
-        Vertex v{"ConvPartialsSum", tile, {{}, {block.slice(e0 + w0, e0 + w1)}}, {}};
-        for (const Tensor& src : sources) v.fields[0].push_back(src.slice(w0, w1));
-        graph.add_vertex(reduce, std::move(v));
+        v.fields[1].push_back(block.slice(e0 + w0, e0 + std::min(len, w0 + wper)));
+        if (w0 > 0) v.params.push_back(double(w0));
       }
+      v.slices = v.fields[1].size();
+      graph.add_vertex(reduce, std::move(v));
     }
   }
   prog.add(Program::copy(std::move(gathers)));

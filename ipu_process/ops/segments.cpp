@@ -1,6 +1,7 @@
 // Set statistics: worker pieces and their windows, partials, the reduction compute set.
 #include "ipu_process/ops/segments.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -13,9 +14,10 @@ namespace ipupod::ipu {
 
 void register_segment_codelets(CodeletRegistry& r) {
   r.add({"SetReduce",
-         "out[s, j] = finish(combine over regions r holding set s of part_r[s - first_r, j]), "
-         "regions combined in order; params: k, combine (0 sum, 1 max), finish (0 scale, "
-         "1 rsqrt), scale, eps, then each region's first set relative to out",
+         "out[s, j] = finish(combine over the rows of every region of partials); region r holds "
+         "rows of part[s - first_r, j] for sets [first_r, first_r + count_r) of out, combined "
+         "region by region and row by row in order; params: k, combine (0 sum, 1 max), finish "
+         "(0 scale, 1 rsqrt), scale, eps, then each region's first set and set count",
          {"parts", "out"},
          [](const VertexContext& c) {
            auto out = c.region<float>(1);
@@ -27,11 +29,15 @@ void register_segment_codelets(CodeletRegistry& r) {
            std::fill(out.begin(), out.end(), max ? -std::numeric_limits<float>::infinity() : 0.f);
            for (std::size_t r = 0; r < c.regions(0); ++r) {
              auto part = c.region<const float>(0, r);
-             float* o = out.data() + c.size_param(5 + r) * k;
-             if (max)
-               for (std::size_t i = 0; i < part.size(); ++i) o[i] = std::max(o[i], part[i]);
-             else
-               for (std::size_t i = 0; i < part.size(); ++i) o[i] += part[i];
+             float* o = out.data() + c.size_param(5 + 2 * r) * k;
+             const std::size_t width = c.size_param(6 + 2 * r) * k;
+             for (std::size_t row = 0; row + width <= part.size(); row += width) {
+               const float* p = part.data() + row;
+               if (max)
+                 for (std::size_t i = 0; i < width; ++i) o[i] = std::max(o[i], p[i]);
+               else
+                 for (std::size_t i = 0; i < width; ++i) o[i] += p[i];
+             }
            }
            if (rsqrt)
              for (float& v : out) v = 1.f / std::sqrt(scale * v + eps);
@@ -95,7 +101,9 @@ SetPlan::SetPlan(Graph& graph, const Tensor& x, SetLayout layout, std::string na
                           pieces_.push_back(p);
                         });
   // The tile that reduces each set: where its first element lives for contiguous sets; for
-  // strided channels (data on every tile) the sets are spread evenly over the tiles.
+  // strided channels (data on every tile) the sets are spread evenly over a run of tiles that
+  // starts at a tile chosen by the tensor (so the reducers of a network's many normalisations
+  // do not all pile onto its first tiles).
   const std::size_t sets = layout_.sets;
   std::vector<unsigned> owner(sets, 0);
   if (layout_.modulo == 0) {
@@ -104,8 +112,11 @@ SetPlan::SetPlan(Graph& graph, const Tensor& x, SetLayout layout, std::string na
       for (std::size_t s = p.lo; s < p.hi; ++s)
         if (!seen[s]) seen[s] = true, owner[s] = p.tile;
   } else {
-    const std::size_t per = (sets + graph.tiles() - 1) / graph.tiles();
-    for (std::size_t s = 0; s < sets; ++s) owner[s] = static_cast<unsigned>(s / per);
+    const std::size_t tiles = graph.tiles(), per = (sets + tiles - 1) / tiles;
+    // A golden-ratio stride over the variables spreads consecutive tensors' runs apart.
+    const std::size_t first = (std::size_t{x_.variable()} * 2654435761u + x_.offset()) % tiles;
+    for (std::size_t s = 0; s < sets; ++s)
+      owner[s] = static_cast<unsigned>((first + s / per) % tiles);
   }
   const std::size_t workers = graph.arch().workers_per_tile;
   for (std::size_t a = 0; a < sets;) {
@@ -179,13 +190,33 @@ Tensor SetPlan::reduce(Program& prog, const std::string& codelet, std::size_t k,
   ComputeSetId reduce_cs = graph_.add_compute_set(name + "/reduce");
   CopyRuns copies;
   TilePieces incoming_pieces(graph_, DType::f32, name + "/incoming");
+  // The pieces that overlap each reducer run, in piece order (the runs partition the sets in
+  // order, so a piece's runs are found by binary search).
+  std::vector<std::vector<std::size_t>> overlapping(reducers_.size());
+  for (std::size_t i = 0; i < pieces_.size(); ++i) {
+    auto r = std::upper_bound(reducers_.begin(), reducers_.end(), pieces_[i].lo,
+                              [](std::size_t s, const ReducerRun& run) { return s < run.a; });
+    for (--r; r != reducers_.end() && r->a < pieces_[i].hi; ++r)
+      overlapping[static_cast<std::size_t>(r - reducers_.begin())].push_back(i);
+  }
   for (std::size_t j = 0; j < reducers_.size(); ++j) {
     const ReducerRun& run = reducers_[j];
-    std::vector<std::tuple<std::size_t, std::size_t, std::size_t>> incoming;  // piece, s0, s1
+    // The incoming slices, grouped by the window of sets they cover (in order of first
+    // appearance, pieces in order within a window): one region of rows per window, so a set
+    // reduced from every tile costs one region, not one per piece.
+    struct Window {
+      std::size_t s0, s1;
+      std::vector<std::size_t> pieces;
+    };
+    std::vector<Window> incoming;
     std::size_t total = 0;
-    for (std::size_t i = 0; i < pieces_.size(); ++i) {
+    for (std::size_t i : overlapping[j]) {
       const std::size_t s0 = std::max(pieces_[i].lo, run.a), s1 = std::min(pieces_[i].hi, run.b);
-      if (s0 < s1) incoming.emplace_back(i, s0, s1), total += (s1 - s0) * k;
+      auto w = std::find_if(incoming.begin(), incoming.end(),
+                            [&](const Window& x) { return x.s0 == s0 && x.s1 == s1; });
+      if (w == incoming.end()) w = incoming.insert(incoming.end(), Window{s0, s1, {}});
+      w->pieces.push_back(i);
+      total += (s1 - s0) * k;
     }
     Tensor recv = incoming_pieces.add(run.tile, {total});
     Vertex v{"SetReduce",
@@ -194,13 +225,16 @@ Tensor SetPlan::reduce(Program& prog, const std::string& codelet, std::size_t k,
              {double(k), combine == SetCombine::max ? 1.0 : 0.0,
               finish == SetFinish::rsqrt ? 1.0 : 0.0, scale, eps}};
     std::size_t at = 0;
-    for (const auto& [i, s0, s1] : incoming) {
-      const std::size_t n = (s1 - s0) * k;
-      const std::size_t from = (s0 - pieces_[i].lo) * k;
-      copies.add(partials[i].slice(from, from + n), recv.slice(at, at + n));
-      v.fields[0].push_back(recv.slice(at, at + n));
-      v.params.push_back(double(s0 - run.a));
-      at += n;
+    for (const Window& w : incoming) {
+      const std::size_t n = (w.s1 - w.s0) * k, start = at;
+      for (std::size_t i : w.pieces) {
+        const std::size_t from = (w.s0 - pieces_[i].lo) * k;
+        copies.add(partials[i].slice(from, from + n), recv.slice(at, at + n));
+        at += n;
+      }
+      v.fields[0].push_back(recv.slice(start, at));
+      v.params.push_back(double(w.s0 - run.a));
+      v.params.push_back(double(w.s1 - w.s0));
     }
     graph_.set_tile_mapping(result.slice(run.a * k, run.b * k), run.tile);
     graph_.add_vertex(reduce_cs, std::move(v));

@@ -64,33 +64,68 @@ Operand broadcast_operand(const Tensor& t, const std::vector<std::size_t>& out_s
 }
 
 // The smallest and largest flat index of the operand read by output elements [b, e) (inside
-// the window), from the bounding box of their coordinates; nullopt if none is in the window.
+// the window); nullopt if none is in the window. Exact: the flat range is split into at most
+// 2 x rank + 1 boxes of coordinates (the rest of b's block, whole blocks between, the start of
+// e - 1's block), each giving its extremes from its corners, so a piece that crosses a sample
+// or channel boundary does not read the whole operand.
 std::optional<std::pair<Index, Index>> touched(const std::vector<std::size_t>& shape,
                                                const Operand& op, std::size_t b, std::size_t e,
                                                const Window& w) {
   const std::size_t rank = shape.size();
   const auto cb = coords_of(b, shape), ce = coords_of(e - 1, shape);
+  std::optional<std::pair<Index, Index>> result;
   std::vector<std::size_t> lo(rank), hi(rank);
-  bool varying = false;
-  for (std::size_t d = 0; d < rank; ++d) {
-    if (varying) {
-      lo[d] = 0, hi[d] = shape[d] - 1;
-    } else {
-      lo[d] = cb[d], hi[d] = ce[d];
-      varying = cb[d] != ce[d];
+  const auto box = [&] {  // the box [lo, hi], clipped to the window
+    if (w.axis < rank) {
+      if (w.begin >= w.end) return;
+      lo[w.axis] = std::max(lo[w.axis], w.begin);
+      hi[w.axis] = std::min(hi[w.axis], w.end - 1);
+      if (lo[w.axis] > hi[w.axis]) return;
     }
+    Index first = op.offset, last = op.offset;
+    for (std::size_t d = 0; d < rank; ++d) {
+      const Index a = static_cast<Index>(lo[d]) * op.strides[d],
+                  z = static_cast<Index>(hi[d]) * op.strides[d];
+      first += std::min(a, z), last += std::max(a, z);
+    }
+    if (!result)
+      result = std::make_pair(first, last);
+    else
+      result->first = std::min(result->first, first),
+      result->second = std::max(result->second, last);
+  };
+  // Boxes with dimensions [0, j) fixed at c, dimension j in [from, to], the rest whole.
+  const auto slab = [&](const std::vector<std::size_t>& c, std::size_t j, std::size_t from,
+                        std::size_t to) {
+    if (from > to) return;
+    for (std::size_t d = 0; d < rank; ++d)
+      if (d < j)
+        lo[d] = hi[d] = c[d];
+      else if (d == j)
+        lo[d] = from, hi[d] = to;
+      else
+        lo[d] = 0, hi[d] = shape[d] - 1;
+    box();
+  };
+  std::size_t d0 = 0;
+  while (d0 < rank && cb[d0] == ce[d0]) ++d0;
+  if (d0 == rank) {  // one element
+    lo = cb, hi = cb;
+    box();
+    return result;
   }
-  if (w.axis < rank) {
-    lo[w.axis] = std::max(lo[w.axis], w.begin);
-    hi[w.axis] = std::min(hi[w.axis], w.end - 1);
-    if (w.begin >= w.end || lo[w.axis] > hi[w.axis]) return std::nullopt;
-  }
-  Index first = op.offset, last = op.offset;
-  for (std::size_t d = 0; d < rank; ++d) {
-    first += static_cast<Index>(lo[d]) * op.strides[d];
-    last += static_cast<Index>(hi[d]) * op.strides[d];
-  }
-  return std::make_pair(first, last);
+  // From b to the end of its block at d0: b itself, then larger coordinates at each level.
+  lo = cb, hi = cb;
+  box();
+  for (std::size_t j = d0 + 1; j < rank; ++j) slab(cb, j, cb[j] + 1, shape[j] - 1);
+  // Whole blocks strictly between.
+  slab(cb, d0, cb[d0] + 1, ce[d0] - 1);
+  // From the start of e - 1's block at d0 to e - 1.
+  lo = ce, hi = ce;
+  box();
+  for (std::size_t j = d0 + 1; j < rank; ++j)
+    if (ce[j] > 0) slab(ce, j, 0, ce[j] - 1);
+  return result;
 }
 
 // A float32 output spread over the tiles in pieces of `grain` elements. Tensors too small to

@@ -181,7 +181,7 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
   if (use_engine) use_engine(engine);
 
   const ipu::Graph& g = *compiled.graph;
-  std::size_t stash_bytes = 0, vertices = 0, regions = 0, intervals = 0;
+  std::size_t stash_bytes = 0, vertices = 0, regions = 0, state_regions = 0, intervals = 0;
   std::vector<std::size_t> per_tile(arch.tiles);
   for (const auto& v : g.variables()) {
     if (v.name.find("/stash") != std::string::npos) stash_bytes += v.elements * dtype_size(v.dtype);
@@ -197,6 +197,7 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
   for (const auto& cs : g.compute_sets()) {
     vertices += cs.vertices.size();
     regions += cs.region_count;
+    state_regions += cs.state_regions;
     for (const auto& v : cs.vertices) {
       CodeletCounts& c = by_codelet[v.codelet];
       ++c.vertices;
@@ -225,6 +226,7 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
                 {"vertices", vertices},
                 {"vertices_by_codelet", vertices_by_codelet},
                 {"regions", regions},
+                {"state_regions", state_regions},
                 {"regions_by_codelet", regions_by_codelet},
                 {"tile_intervals", intervals},
                 {"max_intervals_per_tile", *std::max_element(per_tile.begin(), per_tile.end())}};

@@ -118,6 +118,28 @@ INSTANTIATE_TEST_SUITE_P(
                       BinaryCase{{2, 3, 1, 1}, {2, 3, 17, 19}},
                       BinaryCase{{64, 1031}, {1031}}));  // more than one tile holds
 
+// An operand laid out unlike the output is copied onto each tile only where that tile's pieces
+// read it: a piece that crosses a sample or channel boundary reads two stretches, not
+// everything between them, so no operand costs more copied elements than the output has.
+TEST(BinaryTest, CopiesOnlyTheOperandRangesThePiecesRead) {
+  Fixture f;
+  const Shape shape{3, 5, 16, 16};
+  Tensor a = f.input(shape, 1, 7), b = f.input(shape, 2, 11);
+  Tensor c = ops::binary(f.g, f.prog, ops::BinaryOp::add, a, b, "c");
+  std::size_t copied[2] = {0, 0};
+  for (const Variable& v : f.g.variables())
+    for (std::size_t i = 0; i < 2; ++i)
+      if (v.name.rfind("c/in" + std::to_string(i), 0) == 0) copied[i] += v.elements;
+  EXPECT_GT(copied[0] + copied[1], 0u) << "the layouts differ: some elements must move";
+  EXPECT_LE(copied[0], c.elements());
+  EXPECT_LE(copied[1], c.elements());
+  const auto got = f.run({c})[0];
+  std::vector<double> want(count(shape));
+  for (std::size_t i = 0; i < want.size(); ++i)
+    want[i] = double(f.inputs[0].second[i]) + f.inputs[1].second[i];
+  expect_near_all(got, want, 1e-6, "a + b");
+}
+
 TEST(BinaryTest, RejectsShapesThatDoNotBroadcast) {
   Fixture f;
   Tensor a = f.input({3, 4}, 1), b = f.input({5}, 2);
