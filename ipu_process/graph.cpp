@@ -408,6 +408,8 @@ void Graph::set_tile_mapping(const Tensor& t, unsigned tile) {
                             " is outside the IPU's " + std::to_string(arch_.tiles) + " tiles");
   if (t.elements() == 0) return;
   auto& m = variables_.at(t.variable()).mapping;
+  for (auto& o : ordinals_)
+    if (o.var == t.variable()) o.var = ~VariableId{0};  // counted before this change
   // Within a variable, so under 2^32 (see add_variable).
   const auto b = static_cast<std::uint32_t>(t.offset()),
              e = static_cast<std::uint32_t>(t.offset() + t.elements());
@@ -646,11 +648,19 @@ void Graph::add_vertex(ComputeSetId cs_id, const Vertex& vertex) {
       cs.params.size() + vertex.params.size() > UINT32_MAX)
     throw std::logic_error("compute set '" + cs.name +
                            "' would hold more than 2^32 regions or parameters; split it");
-  StateRegionCounter state;
+  std::size_t state_regions = 0;
   for (std::size_t f = 0; f < vertex.fields.size(); ++f) {
-    state.next_field();
+    VariableId run_var = ~VariableId{0};
+    std::size_t run_begin = 0, run_end = 0;
     for (const Tensor& region : vertex.fields[f]) {
-      state.add(region.variable(), region.offset(), region.offset() + region.elements());
+      // The run of tile memory the field's previous regions formed, continued or a new one.
+      const std::size_t b = region.offset(), e = b + region.elements();
+      if (region.variable() == run_var && b >= run_begin &&
+          (b <= run_end || next_in_tile_memory(run_var, vertex.tile, run_end, b))) {
+        run_end = std::max(run_end, e);
+      } else {
+        ++state_regions, run_var = region.variable(), run_begin = b, run_end = e;
+      }
       const Variable& var = variables_.at(region.variable());
       if (region.dtype() != var.dtype || region.elements() > UINT32_MAX)
         throw std::logic_error(where() + ": region " + describe(region) + " of " +
@@ -666,13 +676,38 @@ void Graph::add_vertex(ComputeSetId cs_id, const Vertex& vertex) {
     }
     if (keep_vertex_regions_) cs.field_ends.push_back(static_cast<std::uint32_t>(cs.region_count));
   }
-  cs.state_regions += state.count();
-  if (!keep_vertex_regions_) record.first_field = static_cast<std::uint32_t>(state.count());
+  cs.state_regions += state_regions;
+  if (keep_vertex_regions_)
+    cs.vertex_state_regions.push_back(static_cast<std::uint32_t>(state_regions));
+  else
+    record.first_field = static_cast<std::uint32_t>(state_regions);
   if (keep_vertex_params_)
     cs.params.insert(cs.params.end(), vertex.params.begin(), vertex.params.end());
   else
     record.params = 0;
   cs.vertices.push_back(record);
+}
+
+bool Graph::next_in_tile_memory(VariableId var, unsigned tile, std::size_t end, std::size_t begin) {
+  const auto& mapping = variables_.at(var).mapping;
+  const auto by_end = [](std::size_t x, const TileInterval& iv) { return x < iv.end; };
+  const auto a = std::upper_bound(mapping.begin(), mapping.end(), end - 1, by_end);
+  const auto b = std::upper_bound(mapping.begin(), mapping.end(), begin, by_end);
+  if (a == mapping.end() || b == mapping.end() || a->end != end || b->begin != begin ||
+      a->tile != tile || b->tile != tile)
+    return false;
+  IntervalOrdinals* found = nullptr;
+  for (auto& o : ordinals_)
+    if (o.var == var && o.intervals == mapping.size()) found = &o;
+  if (!found) {  // count each tile's intervals in order
+    found = &ordinals_[next_ordinals_++ % ordinals_.size()];
+    found->var = var, found->intervals = mapping.size();
+    found->ordinal.resize(mapping.size());
+    std::vector<std::uint32_t> seen(tiles(), 0);
+    for (std::size_t i = 0; i < mapping.size(); ++i) found->ordinal[i] = seen[mapping[i].tile]++;
+  }
+  return found->ordinal[static_cast<std::size_t>(b - mapping.begin())] ==
+         found->ordinal[static_cast<std::size_t>(a - mapping.begin())] + 1;
 }
 
 void Graph::add_access(ComputeSetId cs_id, const Codelet& codelet, std::size_t field, unsigned tile,

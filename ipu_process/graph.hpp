@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -163,28 +164,6 @@ struct FieldRegion {
   std::uint32_t elements = 0;
 };
 
-// Counts a vertex field's regions as vertex state sees them: consecutive regions of one
-// variable that touch or overlap count once, as one contiguous region that a multi-worker
-// vertex splits among its workers by offsets (PopLibs' MultiVertex codelets take one region per
-// operand, not one per worker).
-class StateRegionCounter {
- public:
-  void add(VariableId var, std::size_t begin, std::size_t end) {
-    if (count_ > 0 && var == var_ && begin >= begin_ && begin <= end_) {
-      end_ = std::max(end_, end);
-      return;
-    }
-    ++count_, var_ = var, begin_ = begin, end_ = end;
-  }
-  void next_field() { var_ = kNone; }  // regions of different fields never merge
-  std::size_t count() const { return count_; }
-
- private:
-  static constexpr VariableId kNone = ~VariableId{0};
-  std::size_t count_ = 0, begin_ = 0, end_ = 0;
-  VariableId var_ = kNone;
-};
-
 // A vertex as the graph keeps it, in the spirit of Poplar's compact vertex state: a record of
 // a few tens of bytes; its fields' regions and its parameters live in the compute set's shared
 // tables, so a full-size model's millions of vertices allocate nothing each.
@@ -194,7 +173,8 @@ struct VertexRecord {
   std::uint64_t cycles = 0;
   std::uint32_t tile = 0;
   // Its field f ends at ComputeSet::field_ends[first_field + f]; in a graph without regions
-  // (Graph::drop_vertex_regions), its vertex-state region count (see StateRegionCounter).
+  // (Graph::drop_vertex_regions), its vertex-state region count (see
+  // Graph::add_vertex).
   std::uint32_t first_field = 0;
   std::uint32_t first_param = 0;  // into ComputeSet::params
   std::uint32_t params = 0;
@@ -223,8 +203,11 @@ struct ComputeSet {
   };
   std::vector<Access> accesses;
   std::size_t region_count = 0;
-  std::size_t state_regions = 0;  // vertex-state regions (see StateRegionCounter) in all
-  bool released = false;          // the vertex tables were freed (see Graph::release_vertex_tables)
+  // Vertex-state regions (see Graph::add_vertex): in all, and of each vertex in a graph that
+  // keeps its regions.
+  std::size_t state_regions = 0;
+  std::vector<std::uint32_t> vertex_state_regions;
+  bool released = false;  // the vertex tables were freed (see Graph::release_vertex_tables)
 
   std::uint64_t cycles_of(const VertexRecord& v, std::size_t slice) const {
     return v.slices == 1 ? v.cycles : slice_cycles[v.cycles + slice];
@@ -238,15 +221,10 @@ struct ComputeSet {
   std::span<const double> vertex_params(const VertexRecord& v) const {
     return std::span(params).subspan(v.first_param, v.params);
   }
-  // Its vertex-state regions (see StateRegionCounter).
+  // Its vertex-state regions (see Graph::add_vertex).
   std::size_t regions_of(const VertexRecord& v) const {
     if (field_ends.empty()) return v.first_field;  // without regions: their count (see Access)
-    StateRegionCounter counter;
-    for (std::size_t f = 0; f < v.fields; ++f) {
-      counter.next_field();
-      for (const FieldRegion& r : field(v, f)) counter.add(r.var, r.offset, r.offset + r.elements);
-    }
-    return counter.count();
+    return vertex_state_regions[static_cast<std::size_t>(&v - vertices.data())];
   }
 };
 
@@ -308,7 +286,12 @@ class Graph {
   void settle();
   // Checks the vertex against its codelet (known, its field count, every region of one
   // variable's dtype), estimates its cycles and packs it; std::invalid_argument or
-  // std::logic_error naming the vertex otherwise.
+  // std::logic_error naming the vertex otherwise. Counts its vertex-state regions: a field's
+  // consecutive regions of one variable that follow each other in the tile's memory (they
+  // touch, overlap, or continue in the variable's next interval on the tile: a variable's
+  // elements on a tile are one block in element order) count as one region, as PopLibs' vertices
+  // take a tile's contiguous regions (Graph::getSortedContiguousRegions) and share them out
+  // between workers by offsets.
   void add_vertex(ComputeSetId cs, const Vertex& vertex);
 
   // How many tensors the graph has made: its variables, each piece a variable grew by after
@@ -335,6 +318,19 @@ class Graph {
   // the compute set's accesses.
   void add_access(ComputeSetId cs, const Codelet& codelet, std::size_t field, unsigned tile,
                   const Tensor& region, const std::function<std::string()>& where);
+
+  // Whether elements [.., end) and [begin, ..) of variable `var` follow each other in `tile`'s
+  // memory: end closes one of its intervals on the tile and begin opens the next.
+  bool next_in_tile_memory(VariableId var, unsigned tile, std::size_t end, std::size_t begin);
+  // Per interval of a variable, how many of its intervals on the same tile precede it (for
+  // next_in_tile_memory; a few variables at a time, as one op's vertices use a few).
+  struct IntervalOrdinals {
+    VariableId var = ~VariableId{0};
+    std::size_t intervals = 0;
+    std::vector<std::uint32_t> ordinal;
+  };
+  std::array<IntervalOrdinals, 8> ordinals_;
+  std::size_t next_ordinals_ = 0;
 
   bool keep_vertex_params_ = true;
   bool keep_vertex_regions_ = true;

@@ -146,18 +146,17 @@ Tensor spread(Graph& graph, const std::vector<std::size_t>& shape, const std::st
 }
 
 // The slice [lo, hi] of t made available on `tile`: t itself where it already lives there,
-// else a temporary on the tile filled by an exchange appended to `copies`.
+// else a piece of `pieces` on the tile filled by an exchange appended to `copies` (a tile's
+// pieces of one operand follow each other in one variable, as one run of tile memory).
 Tensor on_tile(Graph& graph, const Tensor& t, Index lo, Index hi, unsigned tile,
-               std::vector<std::pair<Tensor, Tensor>>& copies, const std::string& name) {
+               std::vector<std::pair<Tensor, Tensor>>& copies, TilePieces& pieces) {
   const Tensor src =
       t.flatten().slice(static_cast<std::size_t>(lo), static_cast<std::size_t>(hi) + 1);
   const auto mapping = graph.tile_mapping(src);
   if (std::all_of(mapping.begin(), mapping.end(),
                   [&](const TileInterval& iv) { return iv.tile == tile; }))
     return src;
-  Tensor local = graph.add_variable(t.dtype(), {src.elements()}, name + "@" + std::to_string(tile),
-                                    MemoryCategory::temporary);
-  graph.set_tile_mapping(local, tile);
+  Tensor local = pieces.add(tile, {src.elements()});
   copies.emplace_back(src, local);
   return local;
 }
@@ -190,6 +189,9 @@ void add_map_affine(Graph& graph, ComputeSetId cs, std::vector<std::pair<Tensor,
                           pieces.push_back(std::move(piece));
                         });
   std::map<std::pair<unsigned, std::size_t>, std::vector<Tensor>> local;
+  std::vector<TilePieces> copied;
+  for (std::size_t i = 0; i < ins.size(); ++i)
+    copied.emplace_back(graph, ins[i].t.dtype(), name + "/in" + std::to_string(i));
   for (auto& [key, ranges] : spans) {
     std::sort(ranges.begin(), ranges.end());
     std::vector<std::pair<Index, Index>> merged;
@@ -201,8 +203,8 @@ void add_map_affine(Graph& graph, ComputeSetId cs, std::vector<std::pair<Tensor,
     ranges = std::move(merged);
     auto& tensors = local[key];
     for (const auto& [lo, hi] : ranges)
-      tensors.push_back(on_tile(graph, ins[key.second].t, lo, hi, key.first, copies,
-                                name + "/in" + std::to_string(key.second)));
+      tensors.push_back(
+          on_tile(graph, ins[key.second].t, lo, hi, key.first, copies, copied[key.second]));
   }
   // The span of (tile, operand) holding range r, and its tensor.
   const auto span_of = [&](unsigned tile, std::size_t i, const std::pair<Index, Index>& r) {

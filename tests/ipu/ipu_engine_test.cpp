@@ -456,6 +456,41 @@ TEST(MultiVertex, OneVertexPerTileComputesAndCostsAsOneVertexPerPiece) {
   EXPECT_GT(me.cycles().compute, 0u);
 }
 
+// Vertex state: a field's regions that follow each other in the tile's memory (a variable's
+// elements on a tile lie in element order) are one region, however many intervals and worker
+// slices they span; out of order, or skipping an interval, they are not. The same with and
+// without the graph keeping its regions.
+TEST(VertexState, ATilesRunOfOneVariableCountsAsOneRegion) {
+  for (const bool keep : {true, false}) {
+    Graph g(tiny());
+    if (!keep) g.drop_vertex_regions();
+    // Intervals alternating between tiles 0 and 1: tile 0 holds [0,10) [210,280) [680,810).
+    const std::vector<std::size_t> sizes = {10, 200, 70, 400, 130};
+    Tensor x = g.add_variable(DType::f32, {810}, "x");
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < sizes.size(); at += sizes[i], ++i)
+      g.set_tile_mapping(x.slice(at, at + sizes[i]), static_cast<unsigned>(i % 2));
+    Tensor y = ops::clone_like(g, x, "y");
+    const ComputeSetId cs = g.add_compute_set("square");
+    const double square = static_cast<double>(ops::UnaryOp::square);
+    const auto add = [&](std::vector<std::pair<std::size_t, std::size_t>> runs) {
+      Vertex v{"Unary", 0, {{}, {}}, {square, 0.0}};
+      for (const auto& [b, e] : runs) {
+        v.fields[0].push_back(x.slice(b, e));
+        v.fields[1].push_back(y.slice(b, e));
+      }
+      g.add_vertex(cs, v);
+      return g.compute_sets()[cs].regions_of(g.compute_sets()[cs].vertices.back());
+    };
+    EXPECT_EQ(add({{0, 10}, {210, 280}, {680, 810}}), 2u) << keep;  // in memory order
+    EXPECT_EQ(add({{0, 5}, {5, 10}, {210, 250}}), 2u) << keep;      // touching, then next
+    EXPECT_EQ(add({{210, 280}, {0, 10}}), 4u) << keep;              // out of order
+    EXPECT_EQ(add({{0, 10}, {680, 810}}), 4u) << keep;              // skips [210,280)
+    EXPECT_EQ(add({{0, 5}, {210, 280}}), 4u) << keep;               // [5,10) between
+    EXPECT_EQ(g.compute_sets()[cs].state_regions, 16u) << keep;
+  }
+}
+
 TEST(Streams, HostToDeviceAndBackThroughCallbacks) {
   Graph g(tiny());
   Tensor t = g.add_variable(DType::f32, {300}, "t");
