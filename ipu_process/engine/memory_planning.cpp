@@ -377,9 +377,11 @@ class TileLayout {
     }
     if (!range.whole_run) retire_before(range.first);
     // No offset below solid_ fits (see solid_), so the search starts there; an entry that
-    // begins more than the largest block below it ends below it.
+    // begins more than the largest block alive below it ends below it (retired entries are
+    // skipped anyway).
     std::size_t offset = solid_;
-    auto it = std::lower_bound(alive_.begin(), alive_.end(), solid_ - std::min(solid_, largest_),
+    const std::size_t largest = sizes_.empty() ? 0 : *sizes_.rbegin();
+    auto it = std::lower_bound(alive_.begin(), alive_.end(), solid_ - std::min(solid_, largest),
                                [](const Entry& e, std::size_t b) { return e.begin < b; });
     for (; it != alive_.end(); ++it) {
       const Entry& e = *it;
@@ -392,7 +394,7 @@ class TileLayout {
         std::upper_bound(alive_.begin(), alive_.end(), entry,
                          [](const Entry& x, const Entry& y) { return x.begin < y.begin; }),
         entry);
-    largest_ = std::max(largest_, bytes);
+    sizes_.insert(bytes);
     if (!range.whole_run) leaving_.push({range.last, offset, &range});
     if (offset == solid_) extend_solid();
     return offset;
@@ -413,9 +415,11 @@ class TileLayout {
     if (a.whole_run || b.whole_run) return true;
     if (a.last < b.first || b.last < a.first) return false;
     // Runs of a range cover disjoint stretches in order: the one that ends first meets no later
-    // run of the other.
-    auto i = a.runs.begin(), j = b.runs.begin();
-    while (i != a.runs.end() && j != b.runs.end()) {
+    // run of the other. Runs that end before the other range begins are skipped by search.
+    const auto ends_before = [](const Run& r, std::size_t step) { return r.end() < step; };
+    auto i = std::lower_bound(a.runs.begin(), a.runs.end(), b.first, ends_before);
+    auto j = std::lower_bound(b.runs.begin(), b.runs.end(), a.first, ends_before);
+    while (i != a.runs.end() && j != b.runs.end() && i->begin <= b.last && j->begin <= a.last) {
       const std::size_t ei = i->end(), ej = j->end();
       if (ei < j->begin) {
         ++i;
@@ -506,6 +510,7 @@ class TileLayout {
       // Its bytes are free now: the solid stretch ends there if it was part of it.
       if (sure(*it) && it->begin < solid_) solid_ = it->begin;
       it->range = nullptr;
+      sizes_.erase(sizes_.find(it->end - it->begin));
       ++retired_;
       leaving_.pop();
     }
@@ -519,8 +524,8 @@ class TileLayout {
   // [floor_, solid_) is covered, without a gap, by sure entries (and the stack of whole-run
   // variables below floor_): no variable placed from now on can start below solid_.
   std::size_t solid_;
-  std::size_t largest_ = 0;   // the largest block ever placed above the floor
-  std::vector<Entry> alive_;  // by offset
+  std::multiset<std::size_t> sizes_;  // of the entries alive above the floor: the largest
+  std::vector<Entry> alive_;          // by offset
   std::priority_queue<Leaving, std::vector<Leaving>, std::greater<>> leaving_;
   std::size_t retired_ = 0;
 };
