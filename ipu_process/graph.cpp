@@ -676,7 +676,6 @@ void Graph::add_vertex(ComputeSetId cs_id, const Vertex& vertex) {
     }
     if (keep_vertex_regions_) cs.field_ends.push_back(static_cast<std::uint32_t>(cs.region_count));
   }
-  cs.state_regions += state_regions;
   if (keep_vertex_regions_)
     cs.vertex_state_regions.push_back(static_cast<std::uint32_t>(state_regions));
   else

@@ -4,7 +4,6 @@
 // host streams.
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -203,9 +202,8 @@ struct ComputeSet {
   };
   std::vector<Access> accesses;
   std::size_t region_count = 0;
-  // Vertex-state regions (see Graph::add_vertex): in all, and of each vertex in a graph that
-  // keeps its regions.
-  std::size_t state_regions = 0;
+  // The vertex-state regions of each vertex (see Graph::add_vertex), in a graph that keeps its
+  // regions (see regions_of).
   std::vector<std::uint32_t> vertex_state_regions;
   bool released = false;  // the vertex tables were freed (see Graph::release_vertex_tables)
 

@@ -98,6 +98,11 @@ void add_elementwise_vertices(Graph& graph, ComputeSetId cs, const std::string& 
   });
 }
 
+unsigned moving_first_tile(const Graph& graph, std::size_t used) {
+  const std::size_t span = graph.tiles() - std::min<std::size_t>(used, graph.tiles()) + 1;
+  return static_cast<unsigned>(graph.tensors_made() * 101 % span);
+}
+
 void for_each_row_block(const Graph& graph, std::size_t rows,
                         const std::function<void(unsigned, std::size_t, std::size_t)>& fn) {
   const std::size_t tiles = std::min<std::size_t>(graph.tiles(), std::max<std::size_t>(rows, 1));

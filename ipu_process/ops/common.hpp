@@ -65,6 +65,10 @@ void add_elementwise_vertices(Graph& graph, ComputeSetId cs, const std::string& 
                               const std::vector<Tensor>& operands, const Tensor& layout,
                               std::size_t min_elements, const std::vector<double>& params = {});
 // Rows [0, rows) spread over tiles in contiguous blocks: calls fn(tile, row_begin, row_end).
+// The first of `used` consecutive tiles for an op that needs fewer than all of them: it moves
+// with each tensor the graph makes, so that a model's many small outputs and reducers do not
+// all pile onto the first tiles.
+unsigned moving_first_tile(const Graph& graph, std::size_t used);
 void for_each_row_block(const Graph& graph, std::size_t rows,
                         const std::function<void(unsigned, std::size_t, std::size_t)>& fn);
 

@@ -102,8 +102,7 @@ SetPlan::SetPlan(Graph& graph, const Tensor& x, SetLayout layout, std::string na
                         });
   // The tile that reduces each set: where its first element lives for contiguous sets; for
   // strided channels (data on every tile) the sets are spread evenly over a run of tiles that
-  // starts at a tile chosen by the tensor (so the reducers of a network's many normalisations
-  // do not all pile onto its first tiles).
+  // starts where moving_first_tile says.
   const std::size_t sets = layout_.sets;
   std::vector<unsigned> owner(sets, 0);
   if (layout_.modulo == 0) {
@@ -112,11 +111,9 @@ SetPlan::SetPlan(Graph& graph, const Tensor& x, SetLayout layout, std::string na
       for (std::size_t s = p.lo; s < p.hi; ++s)
         if (!seen[s]) seen[s] = true, owner[s] = p.tile;
   } else {
-    const std::size_t tiles = graph.tiles(), per = (sets + tiles - 1) / tiles;
-    // A golden-ratio stride over the variables spreads consecutive tensors' runs apart.
-    const std::size_t first = (std::size_t{x_.variable()} * 2654435761u + x_.offset()) % tiles;
-    for (std::size_t s = 0; s < sets; ++s)
-      owner[s] = static_cast<unsigned>((first + s / per) % tiles);
+    const std::size_t per = (sets + graph.tiles() - 1) / graph.tiles();
+    const unsigned first = moving_first_tile(graph, (sets + per - 1) / per);
+    for (std::size_t s = 0; s < sets; ++s) owner[s] = first + static_cast<unsigned>(s / per);
   }
   const std::size_t workers = graph.arch().workers_per_tile;
   for (std::size_t a = 0; a < sets;) {

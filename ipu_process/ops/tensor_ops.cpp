@@ -139,8 +139,7 @@ Tensor spread(Graph& graph, const std::vector<std::size_t>& shape, const std::st
   if (pieces >= graph.tiles()) {
     graph.map_linearly(out, grain);
   } else {
-    const std::size_t start = graph.tensors_made() * 101 % (graph.tiles() - pieces + 1);
-    graph.map_linearly(out, grain, static_cast<unsigned>(start), static_cast<unsigned>(pieces));
+    graph.map_linearly(out, grain, moving_first_tile(graph, pieces), static_cast<unsigned>(pieces));
   }
   return out;
 }

@@ -188,7 +188,7 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
     intervals += v.mapping.size();
     for (const auto& iv : v.mapping) ++per_tile[iv.tile];
   }
-  // Per codelet: vertices, and field regions (vertex state) in all and on the busiest tile.
+  // Per codelet: vertices, and vertex-state regions in all and on the busiest tile.
   struct CodeletCounts {
     std::size_t vertices = 0, regions = 0, busiest_tile_regions = 0;
   };
@@ -197,12 +197,12 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
   for (const auto& cs : g.compute_sets()) {
     vertices += cs.vertices.size();
     regions += cs.region_count;
-    state_regions += cs.state_regions;
     for (const auto& v : cs.vertices) {
       CodeletCounts& c = by_codelet[v.codelet];
       ++c.vertices;
       const std::size_t r = cs.regions_of(v);
       c.regions += r;
+      state_regions += r;
       if (v.tile == busiest) c.busiest_tile_regions += r;
     }
   }

@@ -158,7 +158,7 @@ TEST(CompileCommand, WritesMemoryReportsAndExitsOneWhenAStageDoesNotFit) {
   }
   EXPECT_EQ(vertices, graph.at("vertices").get<std::size_t>());
   EXPECT_EQ(regions, graph.at("state_regions").get<std::size_t>());
-  EXPECT_LE(regions, graph.at("regions").get<std::size_t>());
+  EXPECT_LT(regions, graph.at("regions").get<std::size_t>()) << "worker slices share runs";
   EXPECT_GT(busiest, 0u);
   EXPECT_LT(busiest, regions);
   std::filesystem::remove_all(dir);
