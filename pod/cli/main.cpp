@@ -4,12 +4,14 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "datasets/cli.hpp"
@@ -133,6 +135,14 @@ int launcher_rank() {
   for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
     if (const char* value = std::getenv(name)) return std::atoi(value);
   return -1;
+}
+
+// The exit code of a usage error on this rank. Rank 0 says what is wrong; the other ranks,
+// which saw the same arguments, wait a moment before failing so that the launcher does not
+// end rank 0 before its message is out (it ends the job when the first rank fails).
+int usage_error_exit(int code) {
+  if (code != 0 && launcher_rank() > 0) std::this_thread::sleep_for(std::chrono::seconds(5));
+  return code;
 }
 
 // Bad usage found while reading a config file (exit code 2).
@@ -461,9 +471,9 @@ int main(int argc, char** argv) {
     app.parse(static_cast<int>(expanded.size()), expanded.data());
   } catch (const ConfigFileError& e) {
     if (launcher_rank() <= 0) std::cerr << "ipupod: " << e.what() << "\n";
-    return 2;
+    return usage_error_exit(2);
   } catch (const CLI::ParseError& e) {
-    if (launcher_rank() > 0) return e.get_exit_code() == 0 ? 0 : 2;
+    if (launcher_rank() > 0) return usage_error_exit(e.get_exit_code() == 0 ? 0 : 2);
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
