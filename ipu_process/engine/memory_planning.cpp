@@ -383,13 +383,18 @@ class TileLayout {
     const std::size_t largest = sizes_.empty() ? 0 : *sizes_.rbegin();
     auto it = std::lower_bound(alive_.begin(), alive_.end(), solid_ - std::min(solid_, largest),
                                [](const Entry& e, std::size_t b) { return e.begin < b; });
+    const Short only = only_run(range);
     for (; it != alive_.end(); ++it) {
       const Entry& e = *it;
       if (e.begin >= offset + bytes) break;
-      if (e.end <= offset || e.range == nullptr || !meet(range, *e.range)) continue;
+      if (e.end <= offset || e.range == nullptr) continue;
+      // Most ranges are one run: those compare on the copies in hand.
+      if (only.count != 0 && e.only.count != 0 ? !meet(only.run(), e.only.run())
+                                               : !meet(range, *e.range))
+        continue;
       offset = align_up(e.end);
     }
-    const Entry entry{offset, offset + bytes, &range};
+    const Entry entry{offset, offset + bytes, &range, only};
     alive_.insert(
         std::upper_bound(alive_.begin(), alive_.end(), entry,
                          [](const Entry& x, const Entry& y) { return x.begin < y.begin; }),
@@ -401,10 +406,24 @@ class TileLayout {
   }
 
  private:
+  using Run = LiveRange::Run;
+  // A range's only run, or one of count 0 when it has several, is live throughout or its steps
+  // need more than 32 bits: the search compares a run in hand, not each range's runs.
+  struct Short {
+    std::uint32_t begin, length, period, count;
+    Run run() const { return {begin, length, period, count}; }
+  };
   struct Entry {
     std::size_t begin, end;
     const LiveRange* range;  // null once retired
+    Short only;              // its range's only run, or count 0 (see only_run)
   };
+  static Short only_run(const LiveRange& r) {
+    if (r.whole_run || r.runs.size() != 1 || r.runs.front().end() > UINT32_MAX) return {};
+    const Run& o = r.runs.front();
+    return {static_cast<std::uint32_t>(o.begin), static_cast<std::uint32_t>(o.length),
+            static_cast<std::uint32_t>(o.period), static_cast<std::uint32_t>(o.count)};
+  }
   struct Leaving {
     std::size_t last, begin;
     const LiveRange* range;
@@ -436,7 +455,6 @@ class TileLayout {
     return false;
   }
 
-  using Run = LiveRange::Run;
   static std::int64_t floor_div(std::int64_t a, std::int64_t b) {  // b > 0
     return a >= 0 ? a / b : -((-a + b - 1) / b);
   }
@@ -453,6 +471,20 @@ class TileLayout {
   }
   // Whether a segment of run r meets one of run s.
   static bool meet(const Run& r, const Run& s) {
+    // Few segments (a loop of a few slots): walked in step order, without a division.
+    if (r.count + s.count <= 16) {
+      std::size_t i = 0, j = 0, ri = r.begin, sj = s.begin;
+      while (i < r.count && j < s.count) {
+        if (ri + r.length < sj) {
+          ++i, ri += r.period;
+        } else if (sj + s.length < ri) {
+          ++j, sj += s.period;
+        } else {
+          return true;
+        }
+      }
+      return false;
+    }
     if (r.count == 1)
       return meet(static_cast<std::int64_t>(r.begin), static_cast<std::int64_t>(r.begin + r.length),
                   s);
