@@ -601,147 +601,166 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
   // that the rows of a block (channel planes) lie at regular strides.
   struct Item {  // 20 bytes: a full-size stage has tens of millions
     std::uint32_t var;
-    std::uint32_t first, last;  // its first and last mapping intervals on this tile
+    std::uint32_t first, last;  // its intervals: [first, last) of its tile's list (executable)
     std::uint32_t bytes = 0;    // of its elements
     std::uint32_t block = 0;    // of tile memory, with each interval's alignment
   };
-  std::vector<std::vector<Item>> per_tile(arch.tiles);
-  {  // Each tile's items counted first, so that each list takes just the memory it needs.
-    std::vector<std::size_t> count(arch.tiles, 0);
-    std::vector<VariableId> last_var(arch.tiles, ~VariableId{0});
-    for (VariableId id = 0; id < vars.size(); ++id)
-      for (const auto& iv : vars[id].mapping)
-        if (last_var[iv.tile] != id) last_var[iv.tile] = id, ++count[iv.tile];
-    for (unsigned t = 0; t < arch.tiles; ++t) per_tile[t].reserve(count[t]);
-  }
   const auto too_large = [&](unsigned t) {
     return std::length_error("tile " + std::to_string(t) +
                              " would need more than 4 GiB of memory: the model is far too large "
                              "for one IPU");
   };
-  interval_offset_begin_.assign(vars.size() + 1, 0);
-  // next_on_tile[begin[v] + k]: the next interval of variable v on interval k's tile.
-  std::vector<std::uint32_t> next_on_tile;
-  for (VariableId id = 0; id < vars.size(); ++id) {
-    const Variable& v = vars[id];
-    if (always_live(v.category) || v.host_access || ranges[id].program < 0)
-      ranges[id].whole_run = true;
-    std::size_t mapped = 0;
-    for (std::uint32_t k = 0; k < v.mapping.size(); ++k) {
-      const auto& iv = v.mapping[k];
-      const std::size_t bytes = (iv.end - iv.begin) * dtype_size(v.dtype);
-      auto& items = per_tile[iv.tile];
-      if (items.empty() || items.back().var != id)
-        items.push_back({static_cast<std::uint32_t>(id), k, k});
-      next_on_tile.push_back(UINT32_MAX);
-      if (items.back().last != k) next_on_tile[interval_offset_begin_[id] + items.back().last] = k;
-      items.back().last = k;
-      if (items.back().block + align_up(bytes) > UINT32_MAX) throw too_large(iv.tile);
-      items.back().bytes += static_cast<std::uint32_t>(bytes);
-      items.back().block += static_cast<std::uint32_t>(align_up(bytes));
-      mapped += iv.end - iv.begin;
+  // Each tile's items counted first, so that the tiles can be laid out a batch at a time, each
+  // batch's lists taking just the memory they need.
+  std::vector<std::size_t> count(arch.tiles, 0);
+  {
+    std::vector<VariableId> last_var(arch.tiles, ~VariableId{0});
+    for (VariableId id = 0; id < vars.size(); ++id) {
+      const Variable& v = vars[id];
+      if (always_live(v.category) || v.host_access || ranges[id].program < 0)
+        ranges[id].whole_run = true;
+      std::size_t mapped = 0;
+      for (const auto& iv : v.mapping) {
+        if (last_var[iv.tile] != id) last_var[iv.tile] = id, ++count[iv.tile];
+        mapped += iv.end - iv.begin;
+      }
+      if (mapped != v.elements)
+        throw std::logic_error(
+            "variable '" + v.name + "' has " + std::to_string(v.elements - mapped) + " of its " +
+            std::to_string(v.elements) + " elements unmapped; every element needs a tile");
     }
-    if (mapped != v.elements)
-      throw std::logic_error(
-          "variable '" + v.name + "' has " + std::to_string(v.elements - mapped) + " of its " +
-          std::to_string(v.elements) + " elements unmapped; every element needs a tile");
-    interval_offset_begin_[id + 1] = interval_offset_begin_[id] + v.mapping.size();
   }
-  interval_offsets_.assign(interval_offset_begin_.back(), 0);
-  // The offsets of an item's intervals once its block is at `offset` of tile t.
-  const auto place_intervals = [&](const Item& it, unsigned t, std::size_t offset) {
-    const Variable& v = vars[it.var];
-    const std::size_t base = interval_offset_begin_[it.var];
-    for (std::uint32_t k = it.first; k != UINT32_MAX; k = next_on_tile[base + k]) {
-      const TileInterval& iv = v.mapping[k];
-      if (offset > UINT32_MAX) throw too_large(t);
-      interval_offsets_[interval_offset_begin_[it.var] + k] = static_cast<std::uint32_t>(offset);
-      offset += align_up((iv.end - iv.begin) * dtype_size(v.dtype));
-    }
-  };
+  // Only an engine that runs needs each interval's address.
+  const bool addresses = options_.executable;
+  interval_offset_begin_.assign(addresses ? vars.size() + 1 : 0, 0);
+  for (VariableId id = 0; addresses && id < vars.size(); ++id)
+    interval_offset_begin_[id + 1] = interval_offset_begin_[id] + vars[id].mapping.size();
+  interval_offsets_.assign(addresses ? interval_offset_begin_.back() : 0, 0);
 
   // Per tile: always-live data at the bottom, then the rest in the order it comes to life, each
   // at the lowest free offset, its bytes free again after its last step (a linear scan over
   // the step positions): variables never live at the same time share bytes.
   std::vector<std::size_t> used(arch.tiles, 0);
   std::vector<std::ptrdiff_t> change(steps + 1, 0);  // per step position, of one tile's bytes
-  for (unsigned t = 0; t < arch.tiles; ++t) {
-    TileMemory& tm = memory_.tiles[t];
-    auto& items = per_tile[t];
-    std::size_t top = 0;
-    for (const Item& it : items) {
-      const Variable& v = vars[it.var];
-      tm.by_category[v.category] += it.bytes;
-      if (!always_live(v.category)) continue;
-      place_intervals(it, t, align_up(top));
-      top = align_up(top) + it.block;
-      tm.always_live += it.bytes;
-    }
-    const std::size_t floor = align_up(top);
-    std::vector<const Item*> rest;
-    for (const Item& it : items)
-      if (!always_live(vars[it.var].category)) rest.push_back(&it);
-    // Live for the whole run first, then by first step, the larger first among equals.
-    const auto born = [&](const Item* it) {
-      const LiveRange& r = ranges[it->var];
-      return r.whole_run ? std::size_t{0} : r.first + 1;
-    };
-    std::stable_sort(rest.begin(), rest.end(), [&](const Item* a, const Item* b) {
-      const std::size_t ba = born(a), bb = born(b);
-      return ba != bb ? ba < bb : a->bytes > b->bytes;
-    });
-    TileLayout layout(floor);
-    std::vector<Placement> placed;
-    placed.reserve(rest.size());
-    std::size_t high = floor;
-    for (std::uint32_t k = 0; k < rest.size(); ++k) {
-      const Item* it = rest[k];
-      const LiveRange& range = ranges[it->var];
-      const std::size_t offset = layout.place(range, it->block);
-      place_intervals(*it, t, offset);
-      placed.push_back({offset, it->bytes, &range});
-      high = std::max(high, offset + it->block);
-    }
-    tm.not_always_live = rest.empty() ? 0 : high - top;
-    // Peak of simultaneously live bytes, to tell sharing apart from fragmentation: the bytes
-    // that come to life and leave at each step, summed up in step order.
-    std::size_t whole = 0, lowest = SIZE_MAX, highest = 0;
-    for (const auto& p : placed) {
-      if (p.range->whole_run) {
-        whole += p.bytes;
-        continue;
-      }
-      const auto bytes = static_cast<std::ptrdiff_t>(p.bytes);
-      for (const LiveRange::Run& r : p.range->runs) {
-        for (std::size_t k = 0, b = r.begin; k < r.count; ++k, b += r.period) {
-          change[b] += bytes;
-          change[b + r.length + 1] -= bytes;
+  constexpr std::size_t kBatches = 8;
+  const std::size_t all_items = std::accumulate(count.begin(), count.end(), std::size_t{0});
+  const std::size_t batch_items = std::max<std::size_t>(1, all_items / kBatches);
+  for (unsigned t0 = 0, t1 = 0; t0 < arch.tiles; t0 = t1) {
+    for (std::size_t n = 0; t1 < arch.tiles && (n == 0 || n + count[t1] <= batch_items); ++t1)
+      n += count[t1];
+    // The batch's items, and (to address them) each tile's list of interval indices.
+    std::vector<std::vector<Item>> per_tile(t1 - t0);
+    std::vector<std::vector<std::uint32_t>> intervals(addresses ? t1 - t0 : 0);
+    for (unsigned t = t0; t < t1; ++t) per_tile[t - t0].reserve(count[t]);
+    for (VariableId id = 0; id < vars.size(); ++id) {
+      const Variable& v = vars[id];
+      for (std::uint32_t k = 0; k < v.mapping.size(); ++k) {
+        const auto& iv = v.mapping[k];
+        if (iv.tile < t0 || iv.tile >= t1) continue;
+        const std::size_t bytes = (iv.end - iv.begin) * dtype_size(v.dtype);
+        auto& items = per_tile[iv.tile - t0];
+        if (items.empty() || items.back().var != id) {
+          const auto at =
+              static_cast<std::uint32_t>(addresses ? intervals[iv.tile - t0].size() : 0);
+          items.push_back({static_cast<std::uint32_t>(id), at, at});
         }
-        lowest = std::min(lowest, r.begin);
-        highest = std::max(highest, r.end() + 1);
+        if (addresses) intervals[iv.tile - t0].push_back(k), ++items.back().last;
+        if (items.back().block + align_up(bytes) > UINT32_MAX) throw too_large(iv.tile);
+        items.back().bytes += static_cast<std::uint32_t>(bytes);
+        items.back().block += static_cast<std::uint32_t>(align_up(bytes));
       }
     }
-    std::ptrdiff_t live = 0, peak = 0;
-    for (std::size_t pos = lowest; pos <= highest && lowest != SIZE_MAX; ++pos) {
-      peak = std::max(peak, live += change[pos]);
-      change[pos] = 0;
+    for (unsigned t = t0; t < t1; ++t) {
+      // The offsets of an item's intervals once its block is at `offset` of tile t.
+      const auto place_intervals = [&](const Item& it, std::size_t offset) {
+        if (!addresses) return;
+        const Variable& v = vars[it.var];
+        for (std::uint32_t j = it.first; j < it.last; ++j) {
+          const std::uint32_t k = intervals[t - t0][j];
+          if (offset > UINT32_MAX) throw too_large(t);
+          interval_offsets_[interval_offset_begin_[it.var] + k] =
+              static_cast<std::uint32_t>(offset);
+          offset += align_up((v.mapping[k].end - v.mapping[k].begin) * dtype_size(v.dtype));
+        }
+      };
+      auto& items = per_tile[t - t0];
+      TileMemory& tm = memory_.tiles[t];
+      std::size_t top = 0;
+      for (const Item& it : items) {
+        const Variable& v = vars[it.var];
+        tm.by_category[v.category] += it.bytes;
+        if (!always_live(v.category)) continue;
+        place_intervals(it, align_up(top));
+        top = align_up(top) + it.block;
+        tm.always_live += it.bytes;
+      }
+      const std::size_t floor = align_up(top);
+      std::vector<const Item*> rest;
+      for (const Item& it : items)
+        if (!always_live(vars[it.var].category)) rest.push_back(&it);
+      // Live for the whole run first, then by first step, the larger first among equals.
+      const auto born = [&](const Item* it) {
+        const LiveRange& r = ranges[it->var];
+        return r.whole_run ? std::size_t{0} : r.first + 1;
+      };
+      std::stable_sort(rest.begin(), rest.end(), [&](const Item* a, const Item* b) {
+        const std::size_t ba = born(a), bb = born(b);
+        return ba != bb ? ba < bb : a->bytes > b->bytes;
+      });
+      TileLayout layout(floor);
+      std::vector<Placement> placed;
+      placed.reserve(rest.size());
+      std::size_t high = floor;
+      for (std::uint32_t k = 0; k < rest.size(); ++k) {
+        const Item* it = rest[k];
+        const LiveRange& range = ranges[it->var];
+        const std::size_t offset = layout.place(range, it->block);
+        place_intervals(*it, offset);
+        placed.push_back({offset, it->bytes, &range});
+        high = std::max(high, offset + it->block);
+      }
+      tm.not_always_live = rest.empty() ? 0 : high - top;
+      // Peak of simultaneously live bytes, to tell sharing apart from fragmentation: the bytes
+      // that come to life and leave at each step, summed up in step order.
+      std::size_t whole = 0, lowest = SIZE_MAX, highest = 0;
+      for (const auto& p : placed) {
+        if (p.range->whole_run) {
+          whole += p.bytes;
+          continue;
+        }
+        const auto bytes = static_cast<std::ptrdiff_t>(p.bytes);
+        for (const LiveRange::Run& r : p.range->runs) {
+          for (std::size_t k = 0, b = r.begin; k < r.count; ++k, b += r.period) {
+            change[b] += bytes;
+            change[b + r.length + 1] -= bytes;
+          }
+          lowest = std::min(lowest, r.begin);
+          highest = std::max(highest, r.end() + 1);
+        }
+      }
+      std::ptrdiff_t live = 0, peak = 0;
+      for (std::size_t pos = lowest; pos <= highest && lowest != SIZE_MAX; ++pos) {
+        peak = std::max(peak, live += change[pos]);
+        change[pos] = 0;
+      }
+      tm.peak_live = std::min(tm.not_always_live, whole + static_cast<std::size_t>(peak));
+      used[t] = high;
+      // The five largest, named (a tile can hold thousands of variables).
+      std::vector<std::pair<std::size_t, VariableId>> by_size;  // an item per variable
+      by_size.reserve(items.size());
+      for (const Item& it : items) by_size.emplace_back(it.bytes, it.var);
+      const std::size_t named = std::min<std::size_t>(by_size.size(), 5);
+      std::partial_sort(by_size.begin(), by_size.begin() + static_cast<std::ptrdiff_t>(named),
+                        by_size.end(), [](auto& a, auto& b) {
+                          return a.first != b.first ? a.first > b.first : a.second < b.second;
+                        });
+      for (std::size_t i = 0; i < named; ++i) {
+        const Variable& v = vars[by_size[i].second];
+        tm.largest.push_back({v.name, v.category, by_size[i].first});
+      }
+      std::vector<Item>().swap(items);  // done with this tile
+      if (addresses) std::vector<std::uint32_t>().swap(intervals[t - t0]);
     }
-    tm.peak_live = std::min(tm.not_always_live, whole + static_cast<std::size_t>(peak));
-    used[t] = high;
-    // The five largest, named (a tile can hold thousands of variables).
-    std::vector<std::pair<std::size_t, VariableId>> by_size;  // an item per variable
-    by_size.reserve(items.size());
-    for (const Item& it : items) by_size.emplace_back(it.bytes, it.var);
-    const std::size_t named = std::min<std::size_t>(by_size.size(), 5);
-    std::partial_sort(by_size.begin(), by_size.begin() + static_cast<std::ptrdiff_t>(named),
-                      by_size.end(), [](auto& a, auto& b) {
-                        return a.first != b.first ? a.first > b.first : a.second < b.second;
-                      });
-    for (std::size_t i = 0; i < named; ++i) {
-      const Variable& v = vars[by_size[i].second];
-      tm.largest.push_back({v.name, v.category, by_size[i].first});
-    }
-    std::vector<Item>().swap(items);  // done with this tile
   }
   // Vertex state and code take their share of each tile, as on hardware.
   std::vector<std::set<std::uint16_t>> codelets_on_tile(arch.tiles);
