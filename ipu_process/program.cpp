@@ -38,8 +38,10 @@ void add_copy_run(std::vector<CopyRun>& runs, VariableId src, std::uint64_t s, V
       }
     }
   }
-  runs.push_back({.src_offset = s,
-                  .dst_offset = d,
+  if (s + n > UINT32_MAX || d + n > UINT32_MAX)
+    throw std::logic_error("a copy run past element 2^32 - 1 of a variable");
+  runs.push_back({.src_offset = static_cast<std::uint32_t>(s),
+                  .dst_offset = static_cast<std::uint32_t>(d),
                   .elements = static_cast<std::uint32_t>(n),
                   .src = src,
                   .dst = dst,

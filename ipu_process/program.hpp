@@ -19,13 +19,16 @@ enum class CollectiveOp : std::uint8_t { sum, mean };
 // One run of a copy, as a program keeps it: `rows` rows of `elements` elements of `dtype`, row r
 // from element src_offset + r * src_stride of variable src to dst_offset + r * dst_stride of
 // variable dst, rows in order (a block of channel planes, a tile's share of a matrix: one run).
+// Offsets are within one variable, so under 2^32 (see Graph::add_variable): a full-size stage
+// keeps millions of runs.
 struct CopyRun {
-  std::uint64_t src_offset = 0, dst_offset = 0;
+  std::uint32_t src_offset = 0, dst_offset = 0;
   std::uint32_t elements = 0, rows = 1;
   std::uint32_t src_stride = 0, dst_stride = 0;  // elements from one row's start to the next's
   VariableId src = 0, dst = 0;
   DType dtype = DType::f32;
 };
+static_assert(sizeof(CopyRun) == 36);
 
 // A copy's runs built pair by pair, each pair merged into the runs as it comes: an op that
 // moves millions of small pieces (a convolution's channel planes onto every tile) never holds
