@@ -4,6 +4,10 @@
 #include <fstream>
 #include <string>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 namespace ipupod::pod {
 namespace {
 
@@ -37,6 +41,12 @@ bool reset_peak_resident() {
   clear << "5";
   clear.flush();
   return static_cast<bool>(clear);
+}
+
+void release_free_heap() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
 }
 
 }  // namespace ipupod::pod

@@ -11,5 +11,8 @@ std::size_t peak_resident_bytes();  // VmHWM since the start or the last reset; 
 // Starts a new peak from the current resident size (writes 5 to /proc/self/clear_refs);
 // returns false where the kernel does not allow it (the peak then spans the whole process).
 bool reset_peak_resident();
+// Gives the pages of freed heap memory back to the system (glibc's malloc_trim), where a long
+// phase freed much of what it built; a no-op elsewhere.
+void release_free_heap();
 
 }  // namespace ipupod::pod

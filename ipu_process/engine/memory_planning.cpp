@@ -56,10 +56,12 @@ struct LiveRange {
   // (gradient accumulation) gives a variable a segment of the same shape in each slot, and
   // ranges compare run by run, not segment by segment. How the segments fall into runs does not
   // matter to what they mean. The last segment stays open (it may still grow) until finish().
+  // Step positions take 32 bits (close() checks): a full-size stage has millions of runs.
   struct Run {
-    std::size_t begin, length;  // its first segment: [begin, begin + length]
-    std::size_t period, count;  // segment k: [begin + k * period, begin + length + k * period]
-    std::size_t end() const { return begin + length + (count - 1) * period; }
+    std::uint32_t begin, length;  // its first segment: [begin, begin + length]
+    std::uint32_t period, count;  // segment k: [begin + k * period, begin + length + k * period]
+    std::size_t end() const { return segment(count - 1) + length; }
+    std::size_t segment(std::size_t k) const { return std::size_t{begin} + k * period; }
   };
   using Segment = std::pair<std::size_t, std::size_t>;
   std::span<const Run> runs;  // once finished: in order, disjoint
@@ -76,11 +78,12 @@ struct LiveRange {
     has_open_ = !closed_.empty();
     if (!has_open_) return;
     Run& r = closed_.back();
-    const std::size_t b = r.begin + (r.count - 1) * r.period;
+    const std::size_t b = r.segment(r.count - 1);
     open_ = {b, b + r.length};
     if (--r.count == 0) closed_.pop_back();
   }
   // Closes the last segment; `pool` takes the runs (the ranges' runs side by side).
+  std::size_t runs_at_most() const { return closed_.size() + (has_open_ ? 1 : 0); }
   void finish(std::vector<Run>& pool) {
     if (has_open_) close(open_);
     has_open_ = false;
@@ -95,15 +98,17 @@ struct LiveRange {
   // segment, of the same length), else begins a new run.
   void close(Segment s) {
     const auto [b, e] = s;
+    if (e >= UINT32_MAX)
+      throw std::length_error("the programs take more than 2^32 - 1 steps on one IPU");
     if (!closed_.empty()) {
       Run& r = closed_.back();
-      if (e - b == r.length && (r.count == 1 || b == r.begin + r.count * r.period)) {
-        if (r.count == 1) r.period = b - r.begin;
+      if (e - b == r.length && (r.count == 1 || b == r.segment(r.count))) {
+        if (r.count == 1) r.period = static_cast<std::uint32_t>(b - r.begin);
         ++r.count;
         return;
       }
     }
-    closed_.push_back({b, e - b, 0, 1});
+    closed_.push_back({static_cast<std::uint32_t>(b), static_cast<std::uint32_t>(e - b), 0, 1});
   }
   std::vector<Run> closed_;
   Segment open_;
@@ -383,14 +388,13 @@ class TileLayout {
     const std::size_t largest = sizes_.empty() ? 0 : *sizes_.rbegin();
     auto it = std::lower_bound(alive_.begin(), alive_.end(), solid_ - std::min(solid_, largest),
                                [](const Entry& e, std::size_t b) { return e.begin < b; });
-    const Short only = only_run(range);
+    const Run only = only_run(range);
     for (; it != alive_.end(); ++it) {
       const Entry& e = *it;
       if (e.begin >= offset + bytes) break;
       if (e.end <= offset || e.range == nullptr) continue;
       // Most ranges are one run: those compare on the copies in hand.
-      if (only.count != 0 && e.only.count != 0 ? !meet(only.run(), e.only.run())
-                                               : !meet(range, *e.range))
+      if (only.count != 0 && e.only.count != 0 ? !meet(only, e.only) : !meet(range, *e.range))
         continue;
       offset = align_up(e.end);
     }
@@ -407,22 +411,15 @@ class TileLayout {
 
  private:
   using Run = LiveRange::Run;
-  // A range's only run, or one of count 0 when it has several, is live throughout or its steps
-  // need more than 32 bits: the search compares a run in hand, not each range's runs.
-  struct Short {
-    std::uint32_t begin, length, period, count;
-    Run run() const { return {begin, length, period, count}; }
-  };
+  // A range's only run, or one of count 0 when it has several or is live throughout: the search
+  // compares a run in hand, not each range's runs.
   struct Entry {
     std::size_t begin, end;
     const LiveRange* range;  // null once retired
-    Short only;              // its range's only run, or count 0 (see only_run)
+    Run only;                // its range's only run, or count 0 (see only_run)
   };
-  static Short only_run(const LiveRange& r) {
-    if (r.whole_run || r.runs.size() != 1 || r.runs.front().end() > UINT32_MAX) return {};
-    const Run& o = r.runs.front();
-    return {static_cast<std::uint32_t>(o.begin), static_cast<std::uint32_t>(o.length),
-            static_cast<std::uint32_t>(o.period), static_cast<std::uint32_t>(o.count)};
+  static Run only_run(const LiveRange& r) {
+    return !r.whole_run && r.runs.size() == 1 ? r.runs.front() : Run{0, 0, 0, 0};
   }
   struct Leaving {
     std::size_t last, begin;
@@ -585,13 +582,15 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
   std::size_t steps = 0;  // past the last step position
   std::vector<LiveRange::Run> runs;
   {
+    std::size_t most = 0;
+    for (const LiveRange& r : ranges) most += r.runs_at_most();
+    runs.reserve(most);  // not grown by doubling: a full-size stage has millions
     std::vector<std::size_t> begin(ranges.size() + 1, 0);
     for (std::size_t i = 0; i < ranges.size(); ++i) {
       ranges[i].finish(runs);
       begin[i + 1] = runs.size();
       if (ranges[i].program >= 0) steps = std::max(steps, ranges[i].last + 1);
     }
-    runs.shrink_to_fit();
     for (std::size_t i = 0; i < ranges.size(); ++i)
       ranges[i].runs =
           std::span<const LiveRange::Run>(runs).subspan(begin[i], begin[i + 1] - begin[i]);
@@ -734,7 +733,7 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
             change[b] += bytes;
             change[b + r.length + 1] -= bytes;
           }
-          lowest = std::min(lowest, r.begin);
+          lowest = std::min<std::size_t>(lowest, r.begin);
           highest = std::max(highest, r.end() + 1);
         }
       }

@@ -133,6 +133,7 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
                              const std::function<void(ipu::Engine&)>& use_engine) {
   const ipu::ArchPreset& arch = ipu::ArchPreset::get(c.train.arch);
   const auto start = std::chrono::steady_clock::now();
+  release_free_heap();  // what an earlier stage freed, so that this stage's peak is its own
   const bool peak_of_stage = reset_peak_resident();
   auto last_line = start;
   const auto say = [&](const std::string& what) {
@@ -169,6 +170,9 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
                        .timed_steps = c.timed_steps},
                       &eval_model, lowered);
   const double lower_seconds = seconds_since(start);
+  // The lowering's temporaries are freed but their pages stay with the process: give them back
+  // before the engine's tables take their own.
+  release_free_heap();
   if (progress) say("building the engine (memory plan, liveness, programs)");
   const auto engine_start = std::chrono::steady_clock::now();
   // Out of memory allowed: the report of a stage that does not fit is the point. A plan: the
