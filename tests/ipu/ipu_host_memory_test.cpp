@@ -103,7 +103,8 @@ TEST(HostMemory, ACopyRunCostsTensOfBytesAndRegularPairsMerge) {
   EXPECT_GE(irregular.runs().size(), kPairs / 2);  // at most two pairs share a run
   const double per_run =
       static_cast<double>(after - before) / static_cast<double>(irregular.runs().size());
-  EXPECT_LE(per_run, 56.0) << "host bytes per copy run";
+  // 36 bytes a run (32-bit offsets within a variable) and the program's own few bytes.
+  EXPECT_LE(per_run, 40.0) << "host bytes per copy run";
   ASSERT_EQ(strided.runs().size(), 1u);
   EXPECT_EQ(strided.runs()[0].rows, kPairs);
   EXPECT_EQ(strided.runs()[0].elements, 1u);
