@@ -82,8 +82,9 @@ struct LiveRange {
     open_ = {b, b + r.length};
     if (--r.count == 0) closed_.pop_back();
   }
-  // Closes the last segment; `pool` takes the runs (the ranges' runs side by side).
+  // How many runs finish() gives at most (the open segment may join the last run).
   std::size_t runs_at_most() const { return closed_.size() + (has_open_ ? 1 : 0); }
+  // Closes the last segment; `pool` takes the runs (the ranges' runs side by side).
   void finish(std::vector<Run>& pool) {
     if (has_open_) close(open_);
     has_open_ = false;
@@ -411,13 +412,13 @@ class TileLayout {
 
  private:
   using Run = LiveRange::Run;
-  // A range's only run, or one of count 0 when it has several or is live throughout: the search
-  // compares a run in hand, not each range's runs.
   struct Entry {
     std::size_t begin, end;
     const LiveRange* range;  // null once retired
     Run only;                // its range's only run, or count 0 (see only_run)
   };
+  // A range's only run, or one of count 0 when it has several or is live throughout: the search
+  // compares a run in hand, not each range's runs.
   static Run only_run(const LiveRange& r) {
     return !r.whole_run && r.runs.size() == 1 ? r.runs.front() : Run{0, 0, 0, 0};
   }
@@ -641,6 +642,95 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
   // the step positions): variables never live at the same time share bytes.
   std::vector<std::size_t> used(arch.tiles, 0);
   std::vector<std::ptrdiff_t> change(steps + 1, 0);  // per step position, of one tile's bytes
+  // Lays out tile t's items (tile_intervals: their intervals' indices, in an engine that runs).
+  const auto lay_out_tile = [&](unsigned t, const std::vector<Item>& items,
+                                std::span<const std::uint32_t> tile_intervals) {
+    // The offsets of an item's intervals once its block is at `offset` of tile t (none where
+    // the engine does not run: its items list no intervals).
+    const auto place_intervals = [&](const Item& it, std::size_t offset) {
+      const Variable& v = vars[it.var];
+      for (std::uint32_t j = it.first; j < it.last; ++j) {
+        const std::uint32_t k = tile_intervals[j];
+        if (offset > UINT32_MAX) throw too_large(t);
+        interval_offsets_[interval_offset_begin_[it.var] + k] = static_cast<std::uint32_t>(offset);
+        offset += align_up((v.mapping[k].end - v.mapping[k].begin) * dtype_size(v.dtype));
+      }
+    };
+    TileMemory& tm = memory_.tiles[t];
+    std::size_t top = 0;
+    for (const Item& it : items) {
+      const Variable& v = vars[it.var];
+      tm.by_category[v.category] += it.bytes;
+      if (!always_live(v.category)) continue;
+      place_intervals(it, align_up(top));
+      top = align_up(top) + it.block;
+      tm.always_live += it.bytes;
+    }
+    const std::size_t floor = align_up(top);
+    std::vector<const Item*> rest;
+    for (const Item& it : items)
+      if (!always_live(vars[it.var].category)) rest.push_back(&it);
+    // Live for the whole run first, then by first step, the larger first among equals.
+    const auto born = [&](const Item* it) {
+      const LiveRange& r = ranges[it->var];
+      return r.whole_run ? std::size_t{0} : r.first + 1;
+    };
+    std::stable_sort(rest.begin(), rest.end(), [&](const Item* a, const Item* b) {
+      const std::size_t ba = born(a), bb = born(b);
+      return ba != bb ? ba < bb : a->bytes > b->bytes;
+    });
+    TileLayout layout(floor);
+    std::vector<Placement> placed;
+    placed.reserve(rest.size());
+    std::size_t high = floor;
+    for (std::uint32_t k = 0; k < rest.size(); ++k) {
+      const Item* it = rest[k];
+      const LiveRange& range = ranges[it->var];
+      const std::size_t offset = layout.place(range, it->block);
+      place_intervals(*it, offset);
+      placed.push_back({offset, it->bytes, &range});
+      high = std::max(high, offset + it->block);
+    }
+    tm.not_always_live = rest.empty() ? 0 : high - top;
+    // Peak of simultaneously live bytes, to tell sharing apart from fragmentation: the bytes
+    // that come to life and leave at each step, summed up in step order.
+    std::size_t whole = 0, lowest = SIZE_MAX, highest = 0;
+    for (const auto& p : placed) {
+      if (p.range->whole_run) {
+        whole += p.bytes;
+        continue;
+      }
+      const auto bytes = static_cast<std::ptrdiff_t>(p.bytes);
+      for (const LiveRange::Run& r : p.range->runs) {
+        for (std::size_t k = 0, b = r.begin; k < r.count; ++k, b += r.period) {
+          change[b] += bytes;
+          change[b + r.length + 1] -= bytes;
+        }
+        lowest = std::min<std::size_t>(lowest, r.begin);
+        highest = std::max(highest, r.end() + 1);
+      }
+    }
+    std::ptrdiff_t live = 0, peak = 0;
+    for (std::size_t pos = lowest; pos <= highest && lowest != SIZE_MAX; ++pos) {
+      peak = std::max(peak, live += change[pos]);
+      change[pos] = 0;
+    }
+    tm.peak_live = std::min(tm.not_always_live, whole + static_cast<std::size_t>(peak));
+    used[t] = high;
+    // The five largest, named (a tile can hold thousands of variables).
+    std::vector<std::pair<std::size_t, VariableId>> by_size;  // an item per variable
+    by_size.reserve(items.size());
+    for (const Item& it : items) by_size.emplace_back(it.bytes, it.var);
+    const std::size_t named = std::min<std::size_t>(by_size.size(), 5);
+    std::partial_sort(by_size.begin(), by_size.begin() + static_cast<std::ptrdiff_t>(named),
+                      by_size.end(), [](auto& a, auto& b) {
+                        return a.first != b.first ? a.first > b.first : a.second < b.second;
+                      });
+    for (std::size_t i = 0; i < named; ++i) {
+      const Variable& v = vars[by_size[i].second];
+      tm.largest.push_back({v.name, v.category, by_size[i].first});
+    }
+  };
   constexpr std::size_t kBatches = 8;
   const std::size_t all_items = std::accumulate(count.begin(), count.end(), std::size_t{0});
   const std::size_t batch_items = std::max<std::size_t>(1, all_items / kBatches);
@@ -670,94 +760,10 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
       }
     }
     for (unsigned t = t0; t < t1; ++t) {
-      // The offsets of an item's intervals once its block is at `offset` of tile t.
-      const auto place_intervals = [&](const Item& it, std::size_t offset) {
-        if (!addresses) return;
-        const Variable& v = vars[it.var];
-        for (std::uint32_t j = it.first; j < it.last; ++j) {
-          const std::uint32_t k = intervals[t - t0][j];
-          if (offset > UINT32_MAX) throw too_large(t);
-          interval_offsets_[interval_offset_begin_[it.var] + k] =
-              static_cast<std::uint32_t>(offset);
-          offset += align_up((v.mapping[k].end - v.mapping[k].begin) * dtype_size(v.dtype));
-        }
-      };
-      auto& items = per_tile[t - t0];
-      TileMemory& tm = memory_.tiles[t];
-      std::size_t top = 0;
-      for (const Item& it : items) {
-        const Variable& v = vars[it.var];
-        tm.by_category[v.category] += it.bytes;
-        if (!always_live(v.category)) continue;
-        place_intervals(it, align_up(top));
-        top = align_up(top) + it.block;
-        tm.always_live += it.bytes;
-      }
-      const std::size_t floor = align_up(top);
-      std::vector<const Item*> rest;
-      for (const Item& it : items)
-        if (!always_live(vars[it.var].category)) rest.push_back(&it);
-      // Live for the whole run first, then by first step, the larger first among equals.
-      const auto born = [&](const Item* it) {
-        const LiveRange& r = ranges[it->var];
-        return r.whole_run ? std::size_t{0} : r.first + 1;
-      };
-      std::stable_sort(rest.begin(), rest.end(), [&](const Item* a, const Item* b) {
-        const std::size_t ba = born(a), bb = born(b);
-        return ba != bb ? ba < bb : a->bytes > b->bytes;
-      });
-      TileLayout layout(floor);
-      std::vector<Placement> placed;
-      placed.reserve(rest.size());
-      std::size_t high = floor;
-      for (std::uint32_t k = 0; k < rest.size(); ++k) {
-        const Item* it = rest[k];
-        const LiveRange& range = ranges[it->var];
-        const std::size_t offset = layout.place(range, it->block);
-        place_intervals(*it, offset);
-        placed.push_back({offset, it->bytes, &range});
-        high = std::max(high, offset + it->block);
-      }
-      tm.not_always_live = rest.empty() ? 0 : high - top;
-      // Peak of simultaneously live bytes, to tell sharing apart from fragmentation: the bytes
-      // that come to life and leave at each step, summed up in step order.
-      std::size_t whole = 0, lowest = SIZE_MAX, highest = 0;
-      for (const auto& p : placed) {
-        if (p.range->whole_run) {
-          whole += p.bytes;
-          continue;
-        }
-        const auto bytes = static_cast<std::ptrdiff_t>(p.bytes);
-        for (const LiveRange::Run& r : p.range->runs) {
-          for (std::size_t k = 0, b = r.begin; k < r.count; ++k, b += r.period) {
-            change[b] += bytes;
-            change[b + r.length + 1] -= bytes;
-          }
-          lowest = std::min<std::size_t>(lowest, r.begin);
-          highest = std::max(highest, r.end() + 1);
-        }
-      }
-      std::ptrdiff_t live = 0, peak = 0;
-      for (std::size_t pos = lowest; pos <= highest && lowest != SIZE_MAX; ++pos) {
-        peak = std::max(peak, live += change[pos]);
-        change[pos] = 0;
-      }
-      tm.peak_live = std::min(tm.not_always_live, whole + static_cast<std::size_t>(peak));
-      used[t] = high;
-      // The five largest, named (a tile can hold thousands of variables).
-      std::vector<std::pair<std::size_t, VariableId>> by_size;  // an item per variable
-      by_size.reserve(items.size());
-      for (const Item& it : items) by_size.emplace_back(it.bytes, it.var);
-      const std::size_t named = std::min<std::size_t>(by_size.size(), 5);
-      std::partial_sort(by_size.begin(), by_size.begin() + static_cast<std::ptrdiff_t>(named),
-                        by_size.end(), [](auto& a, auto& b) {
-                          return a.first != b.first ? a.first > b.first : a.second < b.second;
-                        });
-      for (std::size_t i = 0; i < named; ++i) {
-        const Variable& v = vars[by_size[i].second];
-        tm.largest.push_back({v.name, v.category, by_size[i].first});
-      }
-      std::vector<Item>().swap(items);  // done with this tile
+      lay_out_tile(t, per_tile[t - t0],
+                   addresses ? std::span<const std::uint32_t>(intervals[t - t0])
+                             : std::span<const std::uint32_t>());
+      std::vector<Item>().swap(per_tile[t - t0]);  // done with this tile
       if (addresses) std::vector<std::uint32_t>().swap(intervals[t - t0]);
     }
   }
