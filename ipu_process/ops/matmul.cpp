@@ -361,7 +361,8 @@ void register_matmul_codelets(CodeletRegistry& r) {
            // Each output sums `depth` products; the block's columns share each row of a.
            return mac_cycles(a, static_cast<double>(elements) * v.params[1], v.fields[0][0].dtype(),
                              {v.params[1], v.params[2], v.params[6] != 0});
-         }});
+         },
+         {"c"}});
   r.add({"MatMulReduce",
          "out = partials[0] + partials[1] + ... (float32, added in region order) for the "
          "partial sums of a matmul whose inner dimension is split over tiles; every partials "
@@ -381,7 +382,8 @@ void register_matmul_codelets(CodeletRegistry& r) {
          [](const Vertex& v, const ArchPreset& a) {
            // Per vector of output: one load-and-add per partial, then a store.
            return vector_cycles(a, v.fields[0].at(0).elements(), v.fields[0].size());
-         }});
+         },
+         {"out"}});
 }
 
 namespace ops {

@@ -209,22 +209,26 @@ void register_pool_codelets(CodeletRegistry& r) {
          std::string("rows of the maximum of each window") + params,
          {"x", "out"},
          max_pool,
-         pool_cycles(1, 1)});
+         pool_cycles(1, 1),
+         {"out"}});
   r.add({"MaxPoolGrad",
          std::string("rows of dx: each window's dy added at its first maximum in x") + params,
          {"x", "dy", "dx"},
          max_pool_grad,
-         pool_cycles(2, 2)});
+         pool_cycles(2, 2),
+         {"dx"}});
   r.add({"AvgPool",
          std::string("rows of the mean of each window") + params,
          {"x", "out"},
          avg_pool,
-         pool_cycles(1, 1)});
+         pool_cycles(1, 1),
+         {"out"}});
   r.add({"AvgPoolGrad",
          std::string("rows of dx: each window's dy / divisor added over the window") + params,
          {"dy", "dx"},
          avg_pool_grad,
-         pool_cycles(1, 2)});
+         pool_cycles(1, 2),
+         {"dx"}});
 }
 
 namespace ops {

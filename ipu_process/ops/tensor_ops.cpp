@@ -217,7 +217,14 @@ void add_map_affine(Graph& graph, ComputeSetId cs, std::vector<std::pair<Tensor,
   const Tensor flat_out = out.flatten();
   // One vertex per tile, a worker slice per piece in element order (see Vertex::slices): the
   // piece begin and the operands' offsets into their spans vary by slice.
-  Vertex v{ins.size() == 1 ? "MapAffine" : "MapAffineBinary", 0, {}, {}};
+  if (ins.size() != 1 && window.axis != kNoAxis)
+    throw std::logic_error(name + ": a windowed map takes one operand");
+  Vertex v{ins.size() != 1          ? "MapAffineBinary"
+           : window.axis == kNoAxis ? "MapAffine"
+                                    : "MapAffineWindow",
+           0,
+           {},
+           {}};
   for_each_tile_group(
       pieces.size(), [&](std::size_t i) { return pieces[i].tile; },
       [&](unsigned tile, std::span<const std::size_t> group) {

@@ -260,17 +260,21 @@ void register_tensor_codelets(CodeletRegistry& r) {
     const std::size_t inputs = static_cast<std::size_t>(v.params[2]);
     return out_field_cycles(v, a, inputs, inputs + 1);
   };
-  r.add({"MapAffine",
-         "out = scale * in[affine(o)] over the out piece (broadcast, permute, slice, concat "
-         "windows); params: op, scale, inputs (1), rank, piece begin, window, offset of in, 0, "
-         "shape, strides of in; piece begin and offset by worker slice",
-         {"in", "out"},
-         map_affine,
-         map_cycles,
-         {},
-         false,
-         {"in", "out"},
-         {kMapPieceBegin, kMapOffsets}});
+  // Without a window every element of the out piece is written; with one, only those inside
+  // it (a concat's other inputs fill the rest), so liveness may not take `out` as overwritten.
+  for (const bool windowed : {false, true})
+    r.add({windowed ? "MapAffineWindow" : "MapAffine",
+           "out = scale * in[affine(o)] over the out piece (broadcast, permute, slice, or, "
+           "windowed, concat and slice-gradient windows); params: op, scale, inputs (1), rank, "
+           "piece begin, window, offset of in, 0, shape, strides of in; piece begin and offset "
+           "by worker slice",
+           {"in", "out"},
+           map_affine,
+           map_cycles,
+           windowed ? std::vector<std::string>{} : std::vector<std::string>{"out"},
+           false,
+           {"in", "out"},
+           {kMapPieceBegin, kMapOffsets}});
   r.add(
       {"MapAffineBinary",
        "out = a[affine(o)] op b[affine(o)] over the out piece (NumPy broadcasting); params: op, "
@@ -279,7 +283,7 @@ void register_tensor_codelets(CodeletRegistry& r) {
        {"a", "b", "out"},
        map_affine,
        map_cycles,
-       {},
+       {"out"},
        false,
        {"a", "b", "out"},
        {kMapPieceBegin, kMapOffsets, kMapOffsets + 1}});

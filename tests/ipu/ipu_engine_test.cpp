@@ -580,6 +580,24 @@ TEST(Liveness, ValuesWrittenWholeInALoopBodyShareBytesAcrossIterations) {
   EXPECT_EQ(e.memory().tiles[0].not_always_live, 2 * 4096 * 4u);
 }
 
+TEST(Liveness, BroadcastBinaryOutputsAreWrittenWholeInALoopBody) {
+  // As above, with NumPy-broadcasting binary ops (a per-column scale and shift): their outputs
+  // are overwritten whole, so each is live only from its op to its last read, not carried
+  // around the loop (a whole training step: every activation live all the time).
+  Graph g(tiny());
+  Tensor x = g.add_variable(DType::f32, {64, 64}, "x", MemoryCategory::weight);
+  Tensor s = g.add_variable(DType::f32, {64}, "s", MemoryCategory::weight);
+  g.set_tile_mapping(x, 0);
+  g.set_tile_mapping(s, 0);
+  Program body;
+  using ops::BinaryOp;
+  ops::binary(g, body, BinaryOp::mul, ops::binary(g, body, BinaryOp::mul, x, s, "a"), s, "b");
+  ops::binary(g, body, BinaryOp::add, ops::binary(g, body, BinaryOp::add, x, s, "c"), s, "d");
+  Engine e(g, {{"p", Program::repeat(3, body)}});
+  EXPECT_EQ(e.memory().tiles[0].not_always_live, 2 * 4096 * 4u);
+  EXPECT_EQ(e.memory().tiles[0].by_category.at(MemoryCategory::activation), 4 * 4096 * 4u);
+}
+
 TEST(Liveness, AValueReadBeforeItIsRewrittenInALoopKeepsItsBytes) {
   // h is read at the top of the body and rewritten at its end: its value crosses iterations,
   // so the temporary u made in between must not take its bytes.
