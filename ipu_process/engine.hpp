@@ -41,6 +41,10 @@ struct TileMemory {
   std::map<MemoryCategory, std::size_t> by_category;                // bytes before liveness sharing
   std::size_t gaps() const { return not_always_live - peak_live; }  // fragmentation
   std::vector<TensorMemory> largest;  // the biggest tensors on this tile, largest first
+  // At the step where the most not-always-live bytes are live: those bytes by category (with
+  // the always-live ones), and the biggest tensors live then.
+  std::map<MemoryCategory, std::size_t> peak_by_category;
+  std::vector<TensorMemory> live_at_peak;
   std::size_t total() const { return always_live + not_always_live + vertex_state + code; }
 };
 

@@ -13,11 +13,17 @@ nlohmann::json memory_report_json(const ipu::MemoryReport& report, const ipu::Ar
     nlohmann::json by_category = nlohmann::json::object();
     for (const auto& [category, bytes] : t.by_category)
       by_category[ipu::category_name(category)] = bytes;
-    nlohmann::json largest = nlohmann::json::array();
-    for (const auto& tensor : t.largest)
-      largest.push_back({{"name", tensor.name},
-                         {"category", ipu::category_name(tensor.category)},
-                         {"bytes", tensor.bytes}});
+    const auto named = [](const std::vector<ipu::TensorMemory>& tensors) {
+      nlohmann::json out = nlohmann::json::array();
+      for (const auto& tensor : tensors)
+        out.push_back({{"name", tensor.name},
+                       {"category", ipu::category_name(tensor.category)},
+                       {"bytes", tensor.bytes}});
+      return out;
+    };
+    nlohmann::json at_peak = nlohmann::json::object();
+    for (const auto& [category, bytes] : t.peak_by_category)
+      at_peak[ipu::category_name(category)] = bytes;
     tiles.push_back({{"tile", t.tile},
                      {"total", t.total()},
                      {"always_live", t.always_live},
@@ -27,7 +33,9 @@ nlohmann::json memory_report_json(const ipu::MemoryReport& report, const ipu::Ar
                      {"vertex_state", t.vertex_state},
                      {"code", t.code},
                      {"by_category", by_category},
-                     {"largest", largest}});
+                     {"largest", named(t.largest)},
+                     {"peak_by_category", at_peak},
+                     {"live_at_peak", named(t.live_at_peak)}});
   }
   const auto& busiest = report.busiest();
   return {{"arch", report.arch},

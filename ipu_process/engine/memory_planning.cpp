@@ -359,6 +359,7 @@ class LivenessWalk {
 struct Placement {
   std::size_t offset, bytes;
   const LiveRange* range;
+  VariableId var;
 };
 
 // Per tile: places variables one by one, in the order they come to life, at the lowest offset
@@ -642,6 +643,20 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
   // the step positions): variables never live at the same time share bytes.
   std::vector<std::size_t> used(arch.tiles, 0);
   std::vector<std::ptrdiff_t> change(steps + 1, 0);  // per step position, of one tile's bytes
+  // The five largest of (bytes, variable) pairs, named (a tile can hold thousands of variables).
+  const auto largest_of = [&](std::vector<std::pair<std::size_t, VariableId>>& by_size) {
+    const std::size_t named = std::min<std::size_t>(by_size.size(), 5);
+    std::partial_sort(by_size.begin(), by_size.begin() + static_cast<std::ptrdiff_t>(named),
+                      by_size.end(), [](auto& a, auto& b) {
+                        return a.first != b.first ? a.first > b.first : a.second < b.second;
+                      });
+    std::vector<TensorMemory> out;
+    for (std::size_t i = 0; i < named; ++i) {
+      const Variable& v = vars[by_size[i].second];
+      out.push_back({v.name, v.category, by_size[i].first});
+    }
+    return out;
+  };
   // Lays out tile t's items (tile_intervals: their intervals' indices, in an engine that runs).
   const auto lay_out_tile = [&](unsigned t, const std::vector<Item>& items,
                                 std::span<const std::uint32_t> tile_intervals) {
@@ -662,6 +677,7 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
       const Variable& v = vars[it.var];
       tm.by_category[v.category] += it.bytes;
       if (!always_live(v.category)) continue;
+      tm.peak_by_category[v.category] += it.bytes;
       place_intervals(it, align_up(top));
       top = align_up(top) + it.block;
       tm.always_live += it.bytes;
@@ -688,7 +704,7 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
       const LiveRange& range = ranges[it->var];
       const std::size_t offset = layout.place(range, it->block);
       place_intervals(*it, offset);
-      placed.push_back({offset, it->bytes, &range});
+      placed.push_back({offset, it->bytes, &range, it->var});
       high = std::max(high, offset + it->block);
     }
     tm.not_always_live = rest.empty() ? 0 : high - top;
@@ -711,25 +727,32 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
       }
     }
     std::ptrdiff_t live = 0, peak = 0;
+    std::size_t peak_at = SIZE_MAX;
     for (std::size_t pos = lowest; pos <= highest && lowest != SIZE_MAX; ++pos) {
-      peak = std::max(peak, live += change[pos]);
+      if ((live += change[pos]) > peak) peak = live, peak_at = pos;
       change[pos] = 0;
     }
     tm.peak_live = std::min(tm.not_always_live, whole + static_cast<std::size_t>(peak));
+    // What is live at that step: by category, and the largest tensors.
+    std::vector<std::pair<std::size_t, VariableId>> at_peak;
+    for (const auto& p : placed) {
+      bool live_then = p.range->whole_run;
+      for (const LiveRange::Run& r : p.range->runs) {
+        if (live_then || peak_at == SIZE_MAX || peak_at < r.begin) break;
+        if (peak_at > r.end()) continue;
+        const std::size_t into = peak_at - r.begin;
+        live_then = r.count == 1 ? into <= r.length : into % r.period <= r.length;
+      }
+      if (!live_then) continue;
+      tm.peak_by_category[vars[p.var].category] += p.bytes;
+      at_peak.emplace_back(p.bytes, p.var);
+    }
+    tm.live_at_peak = largest_of(at_peak);
     used[t] = high;
-    // The five largest, named (a tile can hold thousands of variables).
     std::vector<std::pair<std::size_t, VariableId>> by_size;  // an item per variable
     by_size.reserve(items.size());
     for (const Item& it : items) by_size.emplace_back(it.bytes, it.var);
-    const std::size_t named = std::min<std::size_t>(by_size.size(), 5);
-    std::partial_sort(by_size.begin(), by_size.begin() + static_cast<std::ptrdiff_t>(named),
-                      by_size.end(), [](auto& a, auto& b) {
-                        return a.first != b.first ? a.first > b.first : a.second < b.second;
-                      });
-    for (std::size_t i = 0; i < named; ++i) {
-      const Variable& v = vars[by_size[i].second];
-      tm.largest.push_back({v.name, v.category, by_size[i].first});
-    }
+    tm.largest = largest_of(by_size);
   };
   constexpr std::size_t kBatches = 8;
   const std::size_t all_items = std::accumulate(count.begin(), count.end(), std::size_t{0});

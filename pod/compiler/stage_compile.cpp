@@ -11,6 +11,7 @@
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <utility>
 
 #include "ipu_process/codelets.hpp"
 #include "ipu_process/engine.hpp"
@@ -305,8 +306,12 @@ void print_compile_report(const CompileConfig& c, const std::vector<nlohmann::js
           << percent(bytes, arch.bytes_per_tile) << "; always-live "
           << kib(t.at("always_live").get<std::size_t>()) << ", not-always-live "
           << kib(t.at("not_always_live").get<std::size_t>()) << ", vertex state "
-          << kib(t.at("vertex_state").get<std::size_t>()) << "); largest:";
-      for (const auto& tensor : t.at("largest"))
+          << kib(t.at("vertex_state").get<std::size_t>()) << ")\n    live at its busiest step:";
+      const char* sep = " ";
+      for (const auto& [category, bytes] : t.at("peak_by_category").items())
+        out << std::exchange(sep, ", ") << category << " " << kib(bytes.get<std::size_t>());
+      out << "; the largest then:";
+      for (const auto& tensor : t.at("live_at_peak"))
         out << " '" << tensor.at("name").get<std::string>() << "' "
             << kib(tensor.at("bytes").get<std::size_t>()) << " ("
             << tensor.at("category").get<std::string>() << ")";
@@ -331,8 +336,9 @@ void print_compile_report(const CompileConfig& c, const std::vector<nlohmann::js
           << "); more gradient accumulation does not change them, --pipeline-schedule"
           << " sequential keeps none"
           << (c.train.recompute ? "."
-                                : ", and --recompute stashes only what the forward pass cannot"
-                                  " make again (the stage's inputs).");
+                                : ", and --recompute stashes only the stage's inputs and a few"
+                                  " checkpoints, running the forward pass again segment by"
+                                  " segment during the backward pass.");
     out << "\n";
   }
 }
