@@ -26,8 +26,15 @@ void Lowering::set_model(const models::Model& model, bool owns_variables) {
   casts_.clear();
 }
 
+void RecomputePrograms::add(std::size_t s, ipu::Program& prog) {
+  if (added[s]) return;
+  added[s] = true;
+  for (std::size_t read : plan.reads_segments[s]) add(read, prog);
+  prog.add(segments[s]);
+}
+
 void Lowering::lower_phase(Phase phase, ipu::Program& prog, int stage, const Transfers& transfers,
-                           const std::set<const models::Op*>& recomputed, ipu::Program* recompute) {
+                           RecomputePrograms* recompute) {
   if (!share_casts_) casts_.clear();
   const auto on_stage = [&](const models::Op& op) {
     return op.phase == phase && op.kind != OpKind::sgd_step && op.pipeline_stage == stage;
@@ -47,14 +54,21 @@ void Lowering::lower_phase(Phase phase, ipu::Program& prog, int stage, const Tra
       else
         receive(v, stage, transfers, prog);
     }
-    if (recompute && recomputed.count(&op)) {
+    const auto segment = recompute ? recompute->plan.segment.find(&op)
+                                   : std::map<const models::Op*, std::size_t>::const_iterator{};
+    if (recompute && phase == Phase::backward)
+      for (models::ValueId v : op.inputs) {
+        const auto made = recompute->plan.segment.find(&model_->graph.producer(v));
+        if (made != recompute->plan.segment.end()) recompute->add(made->second, prog);
+      }
+    if (recompute && phase == Phase::forward && segment != recompute->plan.segment.end()) {
       // Its casts go into the piece (made anew when it runs again), none shared with others.
       casts_.clear();
       ipu::Program piece;
       lower(op, piece);
       casts_.clear();
       prog.add(piece);
-      recompute->add(piece);
+      recompute->segments[segment->second].add(piece);
     } else {
       lower(op, prog);
     }

@@ -19,6 +19,17 @@ namespace ipupod::pod {
 using models::OpKind;
 using models::Phase;
 
+// The programs of a stage's recomputation, one per segment of its plan.
+struct RecomputePrograms {
+  explicit RecomputePrograms(const Recomputation& p)
+      : plan(p), segments(p.segments()), added(p.segments(), false) {}
+  const Recomputation& plan;
+  std::vector<ipu::Program> segments;
+  std::vector<bool> added;  // to the backward pass
+  // Adds segment s (after the segments it reads) to prog unless it is there already.
+  void add(std::size_t s, ipu::Program& prog);
+};
+
 class Lowering {
  public:
   Lowering(CompiledModel& out, bool float16) : out_(out), float16_(float16) {}
@@ -34,11 +45,12 @@ class Lowering {
   // Lowers every op of the phase that belongs to `stage` into prog, in graph order: values
   // from other stages are received just before their first use here, values other stages
   // use are sent as soon as they are made.
-  // The ops in `recomputed` are also added to *recompute (without their transfers): the same
-  // programs on the same tensors, run again before the backward pass.
+  // With `recompute`: the forward pass also adds each recomputed op to its segment's program
+  // (without its transfers: the same programs on the same tensors), and the backward pass adds
+  // a segment's program (after those of the segments it reads) just before the first op that
+  // reads one of its results.
   void lower_phase(Phase phase, ipu::Program& prog, int stage, const Transfers& transfers,
-                   const std::set<const models::Op*>& recomputed = {},
-                   ipu::Program* recompute = nullptr);
+                   RecomputePrograms* recompute = nullptr);
   // The receive of a value this stage gets from another one.
   void receive(models::ValueId v, int stage, const Transfers& transfers, ipu::Program& prog);
   void send(models::ValueId v, int stage, const Transfers& transfers, ipu::Program& prog);

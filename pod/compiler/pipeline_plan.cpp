@@ -1,6 +1,9 @@
 // Pipeline planning: the transfers between stages and the ops recomputation runs again.
 #include "pod/compiler/pipeline_plan.hpp"
 
+#include <algorithm>
+#include <map>
+
 namespace ipupod::pod {
 
 using models::OpKind;
@@ -29,7 +32,8 @@ Transfers plan_transfers(const models::Model& m, const std::vector<models::Value
   return out;
 }
 
-std::set<const models::Op*> recomputed_ops(const models::Graph& g, int stage) {
+std::set<const models::Op*> recomputed_ops(const models::Graph& g, int stage,
+                                           const std::set<const models::Op*>& checkpoints) {
   const auto on_stage = [&](const models::Op& op, Phase phase) {
     return op.phase == phase && op.pipeline_stage == stage && op.kind != OpKind::sgd_step;
   };
@@ -57,10 +61,79 @@ std::set<const models::Op*> recomputed_ops(const models::Graph& g, int stage) {
     }
     bool reads_updated_state = false;
     for (models::ValueId v : op.inputs) reads_updated_state |= updated_state.count(v) > 0;
-    if (reads_updated_state) continue;
+    if (reads_updated_state || checkpoints.count(&op)) continue;
     out.insert(&op);
     needed.insert(op.inputs.begin(), op.inputs.end());
   }
+  return out;
+}
+
+Recomputation plan_recomputation(const models::Graph& g, int stage, std::size_t stash_depth) {
+  const std::set<const models::Op*> all = recomputed_ops(g, stage);
+  // The recomputed ops in graph order, and where each of their results is last read when they
+  // run again.
+  std::vector<const models::Op*> order;
+  std::map<const models::Op*, std::size_t> position;
+  for (const auto& op : g.ops())
+    if (all.count(&op)) position.emplace(&op, order.size()), order.push_back(&op);
+  std::vector<std::size_t> last_read(order.size(), 0);
+  for (std::size_t i = 0; i < order.size(); ++i)
+    for (models::ValueId v : order[i]->inputs) {
+      const auto at = position.find(&g.producer(v));
+      if (at != position.end()) last_read[at->second] = std::max(last_read[at->second], i);
+    }
+  const auto bytes = [&](const models::Op* op) {
+    return static_cast<double>(g.info(*op->output).elements());
+  };
+  // Candidate checkpoints: ops after which only their own result is still read.
+  std::vector<bool> candidate(order.size(), false);
+  double total = 0;
+  for (std::size_t i = 0, open_until = 0; i < order.size(); ++i) {
+    total += bytes(order[i]);
+    candidate[i] = open_until <= i && i + 1 < order.size();
+    open_until = std::max(open_until, last_read[i]);
+  }
+  // Checkpoints at the first candidate after every `target` bytes of results: of the targets
+  // total / 2^k, the one whose checkpoints (stashed in every slot, and restored) and largest
+  // segment (live while it is recomputed) take the fewest bytes.
+  const double slots = static_cast<double>(std::max<std::size_t>(1, stash_depth)) + 1;
+  const auto choose = [&](double target, std::set<const models::Op*>* chosen) {
+    double run = 0, kept = 0, largest = 0;
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      run += bytes(order[i]);
+      if (candidate[i] && run >= target) {
+        if (chosen) chosen->insert(order[i]);
+        largest = std::max(largest, run);
+        kept += bytes(order[i]);
+        run = 0;
+      }
+    }
+    return slots * kept + std::max(largest, run);
+  };
+  double best_target = total + 1, best = choose(best_target, nullptr);
+  for (double target = total; target >= 1; target /= 2)
+    if (const double cost = choose(target, nullptr); cost < best) best = cost, best_target = target;
+  std::set<const models::Op*> checkpoints;
+  choose(best_target, &checkpoints);
+  Recomputation out;
+  out.ops = recomputed_ops(g, stage, checkpoints);
+  std::size_t segment = 0;
+  bool used = false;
+  for (const auto& op : g.ops()) {
+    if (checkpoints.count(&op)) {
+      segment += used ? 1 : 0;
+      used = false;
+    }
+    if (!out.ops.count(&op)) continue;
+    out.segment.emplace(&op, segment);
+    used = true;
+  }
+  out.reads_segments.resize(out.ops.empty() ? 0 : segment + 1);
+  for (const auto& [op, s] : out.segment)
+    for (models::ValueId v : op->inputs) {
+      const auto at = out.segment.find(&g.producer(v));
+      if (at != out.segment.end() && at->second != s) out.reads_segments[s].insert(at->second);
+    }
   return out;
 }
 

@@ -2,6 +2,7 @@
 // transfer each, numbered the same on every rank) and which forward ops a stage recomputes.
 #pragma once
 
+#include <map>
 #include <set>
 #include <vector>
 
@@ -30,6 +31,24 @@ Transfers plan_transfers(const models::Model& m, const std::vector<models::Value
 // its backward pass (those whose results the backward pass reads, directly or through other
 // recomputed ops) and that give the same result when run again: not random draws, not in-place
 // state updates, not readers of state such an update changes within the forward pass.
-std::set<const models::Op*> recomputed_ops(const models::Graph& g, int stage);
+// Ops in `checkpoints` are not recomputed: their results are kept (stashed) instead.
+std::set<const models::Op*> recomputed_ops(const models::Graph& g, int stage,
+                                           const std::set<const models::Op*>& checkpoints = {});
+
+// Recomputation in segments, as PopTorch's recomputation checkpoints: the stage's recomputed
+// forward ops fall into segments split at checkpoints, values after which no recomputed op
+// reads anything made before them; a checkpoint's result is stashed, and each segment runs
+// again just before the backward op that first reads one of its results, so that only one
+// segment's activations are live at a time rather than the whole stage's.
+struct Recomputation {
+  std::set<const models::Op*> ops;                    // every recomputed op
+  std::map<const models::Op*, std::size_t> segment;   // of each of them
+  std::vector<std::set<std::size_t>> reads_segments;  // per segment: the others its ops read
+  std::size_t segments() const { return reads_segments.size(); }
+};
+// The checkpoints come at the first candidate after every `target` elements of results, the
+// target (total / 2^k) chosen to make the fewest of the stashed checkpoints (in each of the
+// stash_depth slots, and restored) plus the largest segment (live while it runs again).
+Recomputation plan_recomputation(const models::Graph& g, int stage, std::size_t stash_depth);
 
 }  // namespace ipupod::pod

@@ -96,7 +96,6 @@ void add_grouped(const StepShape& shape, const MicroBatchPrograms& mb, const Sta
     }
     if (b >= 0 && b < kk) {
       if (depth > 1) slot.add(stash_copy(static_cast<std::size_t>(b) % depth, true));
-      if (mb.recompute) slot.add(*mb.recompute);
       slot.add(mb.backward);
     }
     slot.add(ipu::Program::sync(ipu::SyncKind::external));
@@ -117,7 +116,7 @@ PipelineSchedule pipeline_schedule(const models::Model& model, const StepShape& 
     return [shape, micro_batch](std::size_t k, ipu::Program& step) {
       add_sequential(shape, micro_batch, k, step);
     };
-  const std::size_t depth = 2 * (shape.stages - 1 - shape.stage) + 1;
+  const std::size_t depth = stash_slots(shape);
   out.stash_slots = depth;
   const StashCopies copies =
       stash_copies(make_stash(model, shape, micro_batch, lowering, *out.graph, depth));

@@ -16,11 +16,15 @@ namespace ipupod::pod {
 struct MicroBatchPrograms {
   ipu::Program forward;   // host streams (stage 0), the forward pass, the loss to the host
   ipu::Program backward;  // the backward pass and the gradient accumulation
-  // Recomputation: the forward ops run again before the backward pass (empty without it).
-  const ipu::Program* recompute = nullptr;
+  // Recomputation: the forward ops the backward pass runs again (stashed: what they read).
   std::set<const models::Op*> recomputed;
   std::vector<models::ValueId> forward_values;  // every value the forward pass made
 };
+
+// The activation stash slots of a grouped pipeline stage (1: none).
+inline std::size_t stash_slots(const StepShape& shape) {
+  return shape.stages > 1 && shape.grouped ? 2 * (shape.stages - 1 - shape.stage) + 1 : 1;
+}
 
 // Appends to `step` k micro-batches of this stage in the schedule's order.
 using PipelineSchedule = std::function<void(std::size_t k, ipu::Program& step)>;

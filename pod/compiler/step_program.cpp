@@ -199,19 +199,20 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   lowering.share_casts_between_phases(stages == 1 || !shape.grouped);
   const Transfers transfers = plan_transfers(model, {model.loss}, 0);
 
-  ipu::Program forward, backward, recompute;
+  ipu::Program forward, backward;
   // Only a stage whose activations wait in a stash (grouped pipeline, not the last stage)
   // recomputes; it then stashes only what the recomputation cannot make again.
   const bool recomputing = shape.recompute && shape.grouped && stages > 1 && stage < stages - 1;
   MicroBatchPrograms mb;
-  if (recomputing) {
-    mb.recomputed = recomputed_ops(model.graph, stage);
-    mb.recompute = &recompute;
-  }
-  lowering.lower_phase(Phase::forward, forward, stage, transfers, mb.recomputed,
+  const Recomputation plan =
+      recomputing ? plan_recomputation(model.graph, stage, stash_slots(shape)) : Recomputation{};
+  RecomputePrograms recompute(plan);
+  mb.recomputed = plan.ops;
+  lowering.lower_phase(Phase::forward, forward, stage, transfers,
                        recomputing ? &recompute : nullptr);
   mb.forward_values = lowering.lowered();
-  lowering.lower_phase(Phase::backward, backward, stage, transfers);
+  lowering.lower_phase(Phase::backward, backward, stage, transfers,
+                       recomputing ? &recompute : nullptr);
   const bool host_side = stage == 0;
   if (host_side) {
     out.input = lowering.tensor(model.input);
