@@ -278,8 +278,10 @@ struct Engine::CompiledExchange {
       }
       return;
     }
+    // A gather's rows fill its destination one after another (its dst_stride is the shift).
+    const std::size_t dst_stride = t.gather() ? t.bytes : t.dst_stride;
     for (std::uint32_t r = 0; r < t.count; ++r)
-      std::memmove(base + t.dst + std::size_t{r} * t.dst_stride,
+      std::memmove(base + t.dst + std::size_t{r} * dst_stride,
                    base + (t.gather() ? gathered(t, r) : t.src + std::size_t{r} * t.src_stride),
                    t.bytes);
   }

@@ -205,6 +205,49 @@ TEST(Exchange, ATransferReadingWhatAnotherWritesKeepsProgramOrder) {
   }
 }
 
+// Rows of one size from many tiles that fill a destination one after another are a gather,
+// and the next block of the same rows a gather with shifted sources; in an exchange that must
+// keep program order (one transfer reads what another writes) each row still lands after the
+// one before it.
+TEST(Exchange, GathersInAnOrderedExchangeFillTheirDestinationsRowAfterRow) {
+  for (unsigned threads : {1u, 2u}) {
+    Graph g(tiny());
+    constexpr std::size_t kRows = 8, kW = 8;
+    Tensor x = g.add_variable(DType::f32, {kRows, kW}, "x");
+    Tensor d1 = g.add_variable(DType::f32, {kRows, kW / 2}, "d1");
+    Tensor d2 = g.add_variable(DType::f32, {kRows, kW / 2}, "d2");
+    Tensor y = g.add_variable(DType::f32, {16}, "y");
+    Tensor z = g.add_variable(DType::f32, {16}, "z");
+    Tensor w = g.add_variable(DType::f32, {16}, "w");
+    for (unsigned r = 0; r < kRows; ++r) g.set_tile_mapping(x.row(r), r);
+    g.set_tile_mapping(d1, 8);
+    g.set_tile_mapping(d2, 9);
+    g.set_tile_mapping(y, 10);
+    g.set_tile_mapping(z, 11);
+    g.set_tile_mapping(w, 12);
+    for (const Tensor& t : {x, d1, d2, y, z, w}) g.set_host_access(t);
+    std::vector<std::pair<Tensor, Tensor>> pairs = {{y, z}, {w, y}};
+    for (std::size_t r = 0; r < kRows; ++r)
+      pairs.emplace_back(x.row(r).slice(0, kW / 2), d1.row(r));
+    for (std::size_t r = 0; r < kRows; ++r)
+      pairs.emplace_back(x.row(r).slice(kW / 2, kW), d2.row(r));
+    Engine e(g, {{"p", Program::copy(std::move(pairs))}}, {.threads = threads});
+    const auto values = ramp(kRows * kW, 1);
+    e.write(x, std::as_bytes(std::span<const float>(values)));
+    e.write(y, std::as_bytes(std::span<const float>(ramp(16, 200))));
+    e.write(w, std::as_bytes(std::span<const float>(ramp(16, 300))));
+    e.run("p");
+    const auto got1 = floats(e, d1), got2 = floats(e, d2);
+    for (std::size_t r = 0; r < kRows; ++r)
+      for (std::size_t c = 0; c < kW / 2; ++c) {
+        ASSERT_EQ(got1[r * kW / 2 + c], values[r * kW + c]) << r << "," << c;
+        ASSERT_EQ(got2[r * kW / 2 + c], values[r * kW + kW / 2 + c]) << r << "," << c;
+      }
+    EXPECT_EQ(floats(e, z), ramp(16, 200)) << threads << " threads";
+    EXPECT_EQ(floats(e, y), ramp(16, 300)) << threads << " threads";
+  }
+}
+
 // A block of channel planes copied row by row (as a convolution brings its input rows to a
 // tile) is one strided run and, per source tile, one strided transfer; the bytes arrive where
 // the pairs say, the transposed view moves element by element, and the exchange costs what
