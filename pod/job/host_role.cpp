@@ -32,6 +32,17 @@
 namespace ipupod::pod {
 namespace {
 
+// A rate of samples per second: whole numbers from 100 up, else three significant digits (a
+// full-size model runs at a fraction of a sample per second here).
+std::string format_rate(double per_s) {
+  std::ostringstream out;
+  if (per_s >= 100)
+    out << std::fixed << std::setprecision(0) << per_s;
+  else
+    out << std::setprecision(3) << per_s;
+  return out.str();
+}
+
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) {
@@ -59,9 +70,10 @@ nlohmann::json host_memory_of_ranks(const nlohmann::json& memory) {
     const std::size_t first_ipu = replica.at("ipu");
     const auto add = [&](const nlohmann::json& r) {
       const std::size_t stage = r.at("stage");
-      out.push_back({{"ipu", first_ipu + stage},
-                     {"host_peak_resident_bytes", r.value("host_peak_resident_bytes", 0)},
-                     {"tile_bytes", r.at("total_bytes")}});
+      out.push_back(
+          {{"ipu", first_ipu + stage},
+           {"host_peak_resident_bytes", r.value("host_peak_resident_bytes", std::uint64_t{0})},
+           {"tile_bytes", r.at("total_bytes")}});
     };
     add(replica);
     if (replica.contains("later_stages"))
@@ -362,8 +374,11 @@ double HostRole::train_epoch(std::size_t e, Clock::time_point t0) {
     if ((s + 1) % progress_every == 0 || s + 1 == startup_.train_steps)
       std::cout << "  epoch " << e + 1 << "/" << c_.epochs << " step " << s + 1 << "/"
                 << startup_.train_steps << "  loss " << std::fixed << std::setprecision(4)
-                << step_loss << "  " << std::setprecision(0) << done / elapsed
-                << " samples/s (emulator)" << std::endl;
+                << step_loss << "  " << format_rate(done / elapsed) << " samples/s (emulator), "
+                << std::setprecision(0)
+                << elapsed / static_cast<double>(done_steps) *
+                       static_cast<double>(startup_.train_steps - s - 1)
+                << " s left in the epoch" << std::endl;
     const bool due = checkpoint_due_within_epoch(c_, done_steps, s, startup_.train_steps);
     if (due) checkpoint(e, s + 1, done_steps, epoch_loss, train_seconds_ + seconds_since(t0));
     if (stop_boundary_within_epoch(s, startup_.train_steps) &&
@@ -467,9 +482,9 @@ void HostRole::train_and_evaluate() {
     std::cout << "epoch " << e + 1 << "/" << c_.epochs << ": train loss " << std::setprecision(4)
               << m.train_loss << ", test loss " << m.test_loss << ", "
               << TestScores::describe(scoring_.task, m.scores) << " (" << m.test_samples
-              << " samples); " << std::fixed << std::setprecision(0) << m.measured_samples_per_s
-              << " samples/s measured, " << m.predicted_samples_per_s << " samples/s predicted on "
-              << arch_.name << std::endl;
+              << " samples); " << format_rate(m.measured_samples_per_s) << " samples/s measured, "
+              << std::fixed << std::setprecision(0) << m.predicted_samples_per_s
+              << " samples/s predicted on " << arch_.name << std::endl;
     epochs_.push_back(m);
     const std::uint64_t done_steps = (e + 1) * startup_.train_steps;
     const bool due = checkpoint_due_after_epoch(c_, done_steps, e);
