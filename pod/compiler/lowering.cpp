@@ -2,6 +2,7 @@
 #include "pod/compiler/lowering.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 
 #include "ipu_process/ops/common.hpp"
@@ -54,21 +55,20 @@ void Lowering::lower_phase(Phase phase, ipu::Program& prog, int stage, const Tra
       else
         receive(v, stage, transfers, prog);
     }
-    const auto segment = recompute ? recompute->plan.segment.find(&op)
-                                   : std::map<const models::Op*, std::size_t>::const_iterator{};
     if (recompute && phase == Phase::backward)
-      for (models::ValueId v : op.inputs) {
-        const auto made = recompute->plan.segment.find(&model_->graph.producer(v));
-        if (made != recompute->plan.segment.end()) recompute->add(made->second, prog);
-      }
-    if (recompute && phase == Phase::forward && segment != recompute->plan.segment.end()) {
+      for (models::ValueId v : op.inputs)
+        if (const auto made = recompute->plan.segment_of(&model_->graph.producer(v)))
+          recompute->add(*made, prog);
+    const std::optional<std::size_t> segment =
+        recompute && phase == Phase::forward ? recompute->plan.segment_of(&op) : std::nullopt;
+    if (segment) {
       // Its casts go into the piece (made anew when it runs again), none shared with others.
       casts_.clear();
       ipu::Program piece;
       lower(op, piece);
       casts_.clear();
       prog.add(piece);
-      recompute->segments[segment->second].add(piece);
+      recompute->segments[*segment].add(piece);
     } else {
       lower(op, prog);
     }

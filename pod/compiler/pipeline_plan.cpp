@@ -116,7 +116,7 @@ Recomputation plan_recomputation(const models::Graph& g, int stage, std::size_t 
   std::set<const models::Op*> checkpoints;
   choose(best_target, &checkpoints);
   Recomputation out;
-  out.ops = recomputed_ops(g, stage, checkpoints);
+  const std::set<const models::Op*> recomputed = recomputed_ops(g, stage, checkpoints);
   std::size_t segment = 0;
   bool used = false;
   for (const auto& op : g.ops()) {
@@ -124,16 +124,15 @@ Recomputation plan_recomputation(const models::Graph& g, int stage, std::size_t 
       segment += used ? 1 : 0;
       used = false;
     }
-    if (!out.ops.count(&op)) continue;
+    if (!recomputed.count(&op)) continue;
     out.segment.emplace(&op, segment);
     used = true;
   }
-  out.reads_segments.resize(out.ops.empty() ? 0 : segment + 1);
+  out.reads_segments.resize(recomputed.empty() ? 0 : segment + 1);
   for (const auto& [op, s] : out.segment)
-    for (models::ValueId v : op->inputs) {
-      const auto at = out.segment.find(&g.producer(v));
-      if (at != out.segment.end() && at->second != s) out.reads_segments[s].insert(at->second);
-    }
+    for (models::ValueId v : op->inputs)
+      if (const auto read = out.segment_of(&g.producer(v)); read && *read != s)
+        out.reads_segments[s].insert(*read);
   return out;
 }
 

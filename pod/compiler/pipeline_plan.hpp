@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -41,10 +42,14 @@ std::set<const models::Op*> recomputed_ops(const models::Graph& g, int stage,
 // again just before the backward op that first reads one of its results, so that only one
 // segment's activations are live at a time rather than the whole stage's.
 struct Recomputation {
-  std::set<const models::Op*> ops;                    // every recomputed op
-  std::map<const models::Op*, std::size_t> segment;   // of each of them
+  std::map<const models::Op*, std::size_t> segment;   // of each recomputed op
   std::vector<std::set<std::size_t>> reads_segments;  // per segment: the others its ops read
   std::size_t segments() const { return reads_segments.size(); }
+  // The segment of op, if it is recomputed.
+  std::optional<std::size_t> segment_of(const models::Op* op) const {
+    const auto it = segment.find(op);
+    return it == segment.end() ? std::nullopt : std::optional<std::size_t>(it->second);
+  }
 };
 // The checkpoints come at the first candidate after every `target` elements of results, the
 // target (total / 2^k) chosen to make the fewest of the stashed checkpoints (in each of the

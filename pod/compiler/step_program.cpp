@@ -207,7 +207,7 @@ CompiledModel compile_for_ipu(const models::Model& model, const ipu::ArchPreset&
   const Recomputation plan =
       recomputing ? plan_recomputation(model.graph, stage, stash_slots(shape)) : Recomputation{};
   RecomputePrograms recompute(plan);
-  mb.recomputed = plan.ops;
+  for (const auto& [op, segment] : plan.segment) mb.recomputed.insert(op);
   lowering.lower_phase(Phase::forward, forward, stage, transfers,
                        recomputing ? &recompute : nullptr);
   mb.forward_values = lowering.lowered();
