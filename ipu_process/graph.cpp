@@ -5,6 +5,7 @@
 #include <numeric>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 
 #include "ipu_process/codelets.hpp"
 
@@ -527,6 +528,30 @@ unsigned Graph::tile_of(const Tensor& t) const {
 }
 
 namespace {
+// Sorts a compute set's accesses by variable and merges each variable's written ranges that
+// touch or overlap: what the liveness walk sees of them (a read, and which elements are
+// written) is unchanged, and an op whose vertices write a variable in a scattered order (a
+// convolution's output, tile by tile) keeps a few ranges of it rather than one per vertex.
+void merge_accesses(ComputeSet& cs) {
+  auto& a = cs.accesses;
+  std::sort(a.begin(), a.end(), [](const ComputeSet::Access& x, const ComputeSet::Access& y) {
+    return std::tie(x.var, x.write, x.begin) < std::tie(y.var, y.write, y.begin);
+  });
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (kept > 0) {
+      ComputeSet::Access& last = a[kept - 1];
+      if (last.var == a[i].var && last.write == a[i].write &&
+          (!a[i].write || a[i].begin <= last.end)) {
+        last.end = std::max(last.end, a[i].end);
+        continue;
+      }
+    }
+    a[kept++] = a[i];
+  }
+  a.resize(kept);
+}
+
 void shrink_tables(ComputeSet& cs) {
   cs.vertices.shrink_to_fit();
   cs.field_ends.shrink_to_fit();
@@ -554,8 +579,10 @@ void Graph::shrink_to_fit() {
 }
 
 void Graph::settle() {
-  for (std::size_t i = settled_compute_sets_; i < compute_sets_.size(); ++i)
+  for (std::size_t i = settled_compute_sets_; i < compute_sets_.size(); ++i) {
+    merge_accesses(compute_sets_[i]);
     shrink_tables(compute_sets_[i]);
+  }
   for (std::size_t i = settled_variables_; i < variables_.size(); ++i)
     variables_[i].mapping.shrink_to_fit();
   settled_compute_sets_ = compute_sets_.size();

@@ -193,8 +193,8 @@ struct ComputeSet {
   std::vector<std::uint32_t> slice_cycles;  // of the worker slices of vertices with several
   // In a graph that drops its vertices' regions (Graph::drop_vertex_regions): what the vertices
   // read and write, as the memory plan sees it (a variable read at all; the ranges written by
-  // output fields, adjacent ones merged), and how many regions they had (in all, and each
-  // vertex in its record's first_field: there are no field ends).
+  // output fields, touching ones merged (by settle)), and how many regions they had (in all, and
+  // each vertex in its record's first_field: there are no field ends).
   struct Access {
     VariableId var = 0;
     std::uint32_t begin = 0, end = 0;

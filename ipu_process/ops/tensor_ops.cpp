@@ -392,13 +392,13 @@ Tensor reduce_sum(Graph& graph, Program& prog, const Tensor& x,
   std::vector<Partial> partials;
   const ComputeSetId stage1 = graph.add_compute_set(name + "/partials");
   const Tensor xf = x.flatten();
+  // The partials of a tile's pieces (and below, what each output piece gathers) are pieces of
+  // one variable per tile: a full-size model reduces over millions of worker pieces.
+  TilePieces partial_pieces(graph, DType::f32, name + "/partial");
   for_each_worker_piece(
       graph, x, kMinElementsPerWorker, [&](unsigned tile, std::size_t b, std::size_t e) {
         const auto [lo, hi] = *touched(in, out_of_x, b, e, {});
-        Tensor p = graph.add_variable(DType::f32, {static_cast<std::size_t>(hi - lo + 1)},
-                                      name + "/partial" + std::to_string(partials.size()),
-                                      MemoryCategory::temporary);
-        graph.set_tile_mapping(p, tile);
+        Tensor p = partial_pieces.add(tile, {static_cast<std::size_t>(hi - lo + 1)});
         Vertex v{"ReducePartial", tile, {{xf.slice(b, e)}, {p}}, {}};
         v.params = {static_cast<double>(in.size()), static_cast<double>(b),
                     static_cast<double>(lo)};
@@ -418,7 +418,8 @@ Tensor reduce_sum(Graph& graph, Program& prog, const Tensor& x,
              std::min((out_elements + graph.tiles() - 1) / graph.tiles(), kMinElementsPerWorker));
   const Tensor of = out.flatten();
   const ComputeSetId stage2 = graph.add_compute_set(name + "/sum");
-  std::vector<std::pair<Tensor, Tensor>> copies;
+  CopyRuns copies;
+  TilePieces gathered_pieces(graph, DType::f32, name + "/gathered");
   for_each_worker_piece(
       graph, out, kMinElementsPerWorker, [&](unsigned tile, std::size_t b, std::size_t e) {
         std::vector<std::pair<const Partial*, std::pair<Index, Index>>>
@@ -433,16 +434,12 @@ Tensor reduce_sum(Graph& graph, Program& prog, const Tensor& x,
         }
         Vertex v{"SumRegions", tile, {{}, {of.slice(b, e)}}, {static_cast<double>(scale)}};
         if (total > 0) {
-          Tensor gathered = graph.add_variable(
-              DType::f32, {total},
-              name + "/gathered@" + std::to_string(tile) + "." + std::to_string(b),
-              MemoryCategory::temporary);
-          graph.set_tile_mapping(gathered, tile);
+          const Tensor gathered = gathered_pieces.add(tile, {total});
           std::size_t at = 0;
           for (const auto& [p, range] : parts) {
             const std::size_t n = static_cast<std::size_t>(range.second - range.first);
             const std::size_t src = static_cast<std::size_t>(range.first - p->lo);
-            copies.emplace_back(p->t.slice(src, src + n), gathered.slice(at, at + n));
+            copies.add(p->t.slice(src, src + n), gathered.slice(at, at + n));
             v.fields[0].push_back(gathered.slice(at, at + n));
             v.params.push_back(static_cast<double>(range.first - static_cast<Index>(b)));
             at += n;
