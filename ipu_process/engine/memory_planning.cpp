@@ -58,11 +58,18 @@ struct Placement {
 // Per tile: places variables one by one, in the order they come to life, at the lowest offset
 // not used by any placed variable whose live range meets theirs. The placed variables still
 // alive are kept sorted by offset; a search walks them upwards from the floor and stops at the
-// first gap that fits, so it costs about the number of variables below the answer, and a
+// first gap that fits, so it costs about the number of entries below the answer, and a
 // variable whose last step has passed leaves for good (no later one can meet it).
+// Variables that never meet stack up at the same bytes (a layer's small temporaries, live for a
+// step in each micro-batch, share one offset): those of the same bytes [begin, end) are one
+// entry, a column, which keeps the steps its members are live as a bitmap, so that the search
+// tests a column at once. That finds the same offsets as testing its members one by one: after
+// the first that meets, the others end below the search's offset.
 class TileLayout {
  public:
-  explicit TileLayout(std::size_t floor) : floor_(floor), solid_(floor) {}
+  // `steps`: past the last step position of any range placed.
+  TileLayout(std::size_t floor, std::size_t steps)
+      : floor_(floor), solid_(floor), words_((steps + 63) / 64) {}
 
   // Places a variable of `bytes` bytes with live range `range` (which must outlive the layout).
   // Variables live for the whole run come first, then by first step.
@@ -81,25 +88,29 @@ class TileLayout {
     // skipped anyway).
     std::size_t offset = solid_;
     const std::size_t largest = sizes_.empty() ? 0 : *sizes_.rbegin();
-    auto it = std::lower_bound(alive_.begin(), alive_.end(), solid_ - std::min(solid_, largest),
-                               [](const Entry& e, std::size_t b) { return e.begin < b; });
+    auto it = first_at_or_above(solid_ - std::min(solid_, largest));
     const Run only = only_run(range);
     for (; it != alive_.end(); ++it) {
       const Entry& e = *it;
       if (e.begin >= offset + bytes) break;
-      if (e.end <= offset || e.range == nullptr) continue;
-      // Most ranges are one run: those compare on the copies in hand.
-      if (only.count != 0 && e.only.count != 0 ? !meet(only, e.only) : !meet(range, *e.range))
-        continue;
+      if (e.end <= offset || e.members == 0) continue;
+      if (!meets(range, only, e)) continue;
       offset = align_up(e.end);
     }
-    const Entry entry{offset, offset + bytes, &range, only};
-    alive_.insert(
-        std::upper_bound(alive_.begin(), alive_.end(), entry,
-                         [](const Entry& x, const Entry& y) { return x.begin < y.begin; }),
-        entry);
     sizes_.insert(bytes);
-    if (!range.whole_run) leaving_.push({range.last, offset, &range});
+    if (!range.whole_run) leaving_.push({range.last, offset, offset + bytes, &range});
+    const bool is_sure = range.solid();
+    if (Entry* column = alive_at(offset, offset + bytes);
+        column != nullptr && !range.whole_run && !column->range->whole_run) {
+      join(*column, range);
+      column->sure += is_sure ? 1 : 0;
+    } else {
+      const Entry entry{offset, offset + bytes, &range, only, 1, is_sure ? 1U : 0U, -1};
+      alive_.insert(
+          std::upper_bound(alive_.begin(), alive_.end(), entry,
+                           [](const Entry& x, const Entry& y) { return x.begin < y.begin; }),
+          entry);
+    }
     if (offset == solid_) extend_solid();
     return offset;
   }
@@ -108,8 +119,11 @@ class TileLayout {
   using Run = LiveRange::Run;
   struct Entry {
     std::size_t begin, end;
-    const LiveRange* range;  // null once retired
-    Run only;                // its range's only run, or count 0 (see only_run)
+    const LiveRange* range;    // its first member's
+    Run only;                  // that range's only run, or count 0 (see only_run)
+    std::uint32_t members;     // alive; 0 once all left
+    std::uint32_t sure;        // members that are sure (see sure())
+    std::int32_t column = -1;  // its bitmap in columns_ once it has had two members
   };
   // A range's only run, or one of count 0 when it has several or is live throughout: the search
   // compares a run in hand, not each range's runs.
@@ -117,10 +131,71 @@ class TileLayout {
     return !r.whole_run && r.runs.size() == 1 ? r.runs.front() : Run{0, 0, 0, 0};
   }
   struct Leaving {
-    std::size_t last, begin;
+    std::size_t last, begin, end;
     const LiveRange* range;
     bool operator>(const Leaving& o) const { return last > o.last; }
   };
+
+  std::vector<Entry>::iterator first_at_or_above(std::size_t begin) {
+    return std::lower_bound(alive_.begin(), alive_.end(), begin,
+                            [](const Entry& e, std::size_t b) { return e.begin < b; });
+  }
+  // The entry with members at exactly [begin, end), if any.
+  Entry* alive_at(std::size_t begin, std::size_t end) {
+    for (auto it = first_at_or_above(begin); it != alive_.end() && it->begin == begin; ++it)
+      if (it->end == end && it->members != 0) return &*it;
+    return nullptr;
+  }
+
+  // Whether range r (whose only run is `only`) meets a member of entry e.
+  bool meets(const LiveRange& r, const Run& only, const Entry& e) const {
+    if (e.column >= 0) return r.whole_run || any_step(columns_[e.column], r);
+    // Most ranges are one run: those compare on the copies in hand.
+    return only.count != 0 && e.only.count != 0 ? meet(only, e.only) : meet(r, *e.range);
+  }
+  // Adds a member to an entry: its steps go into the entry's bitmap (made at the second).
+  // Those of members that have left stay: they are before any step of a range placed later.
+  void join(Entry& e, const LiveRange& r) {
+    if (e.column < 0) {
+      if (free_columns_.empty()) {
+        columns_.emplace_back(words_, 0);
+        e.column = static_cast<std::int32_t>(columns_.size() - 1);
+      } else {
+        e.column = free_columns_.back();
+        free_columns_.pop_back();
+        std::fill(columns_[e.column].begin(), columns_[e.column].end(), 0);
+      }
+      set_steps(columns_[e.column], *e.range);
+    }
+    set_steps(columns_[e.column], r);
+    ++e.members;
+  }
+  // Calls f(first, last) for each segment of r's runs.
+  template <typename F>
+  static bool any_segment(const LiveRange& r, F f) {
+    for (const Run& run : r.runs)
+      for (std::size_t k = 0; k < run.count; ++k)
+        if (f(run.segment(k), run.segment(k) + run.length)) return true;
+    return false;
+  }
+  static void set_steps(std::vector<std::uint64_t>& bits, const LiveRange& r) {
+    any_segment(r, [&](std::size_t a, std::size_t b) {
+      for (std::size_t w = a / 64; w <= b / 64; ++w) bits[w] |= word_mask(w, a, b);
+      return false;
+    });
+  }
+  static bool any_step(const std::vector<std::uint64_t>& bits, const LiveRange& r) {
+    return any_segment(r, [&](std::size_t a, std::size_t b) {
+      for (std::size_t w = a / 64; w <= b / 64; ++w)
+        if ((bits[w] & word_mask(w, a, b)) != 0) return true;
+      return false;
+    });
+  }
+  // The bits of steps [a, b] in word w.
+  static std::uint64_t word_mask(std::size_t w, std::size_t a, std::size_t b) {
+    const std::size_t lo = std::max(a, w * 64) - w * 64, hi = std::min(b, w * 64 + 63) - w * 64;
+    return (~std::uint64_t{0} >> (63 - hi)) & (~std::uint64_t{0} << lo);
+  }
 
   static bool meet(const LiveRange& a, const LiveRange& b) {
     if (a.whole_run || b.whole_run) return true;
@@ -211,7 +286,8 @@ class TileLayout {
   // single stretch of steps. Variables come in order of first step, and an entry not yet
   // retired lasts at least to the new one's first step, so its stretch holds that step. Such
   // entries meet each other too, hence never share bytes.
-  static bool sure(const Entry& e) { return e.range != nullptr && e.range->solid(); }
+  // An entry holds at most one sure member at a time.
+  static bool sure(const Entry& e) { return e.sure != 0; }
 
   // Moves solid_ up over the sure entries that continue it without a gap.
   void extend_solid() {
@@ -228,18 +304,21 @@ class TileLayout {
   void retire_before(std::size_t step) {
     while (!leaving_.empty() && leaving_.top().last < step) {
       const Leaving& l = leaving_.top();
-      auto it = std::lower_bound(alive_.begin(), alive_.end(), l.begin,
-                                 [](const Entry& e, std::size_t b) { return e.begin < b; });
-      while (it->range != l.range) ++it;
+      Entry& e = *alive_at(l.begin, l.end);
       // Its bytes are free now: the solid stretch ends there if it was part of it.
-      if (sure(*it) && it->begin < solid_) solid_ = it->begin;
-      it->range = nullptr;
-      sizes_.erase(sizes_.find(it->end - it->begin));
-      ++retired_;
+      if (l.range->solid()) {
+        --e.sure;
+        if (e.begin < solid_) solid_ = e.begin;
+      }
+      sizes_.erase(sizes_.find(l.end - l.begin));
+      if (--e.members == 0) {
+        if (e.column >= 0) free_columns_.push_back(e.column);
+        ++retired_;
+      }
       leaving_.pop();
     }
     if (2 * retired_ > alive_.size()) {
-      std::erase_if(alive_, [](const Entry& e) { return e.range == nullptr; });
+      std::erase_if(alive_, [](const Entry& e) { return e.members == 0; });
       retired_ = 0;
     }
   }
@@ -251,7 +330,10 @@ class TileLayout {
   std::multiset<std::size_t> sizes_;  // of the entries alive above the floor: the largest
   std::vector<Entry> alive_;          // by offset
   std::priority_queue<Leaving, std::vector<Leaving>, std::greater<>> leaving_;
-  std::size_t retired_ = 0;
+  std::size_t retired_ = 0;  // entries without members
+  std::size_t words_;        // of a column's bitmap
+  std::vector<std::vector<std::uint64_t>> columns_;
+  std::vector<std::int32_t> free_columns_;
 };
 
 }  // namespace
@@ -388,7 +470,7 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
       const std::size_t ba = born(a), bb = born(b);
       return ba != bb ? ba < bb : a->bytes > b->bytes;
     });
-    TileLayout layout(floor);
+    TileLayout layout(floor, steps);
     std::vector<Placement> placed;
     placed.reserve(rest.size());
     std::size_t high = floor;
