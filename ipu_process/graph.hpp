@@ -49,7 +49,7 @@ class Tensor {
   std::size_t rank() const { return shape_.size(); }
   std::size_t dim(std::size_t i) const { return shape_.at(i); }
 
-  Tensor flatten() const { return reshape({elements()}); }
+  Tensor flatten() const { return Tensor(var_, offset_, Shape{elements()}, dtype_); }
   Tensor reshape(std::vector<std::size_t> shape) const;    // same element count, no copy
   Tensor slice(std::size_t begin, std::size_t end) const;  // flat elements, no copy
   Tensor row(std::size_t i) const;                         // index the first dimension

@@ -90,6 +90,7 @@ class TileLayout {
     const std::size_t largest = sizes_.empty() ? 0 : *sizes_.rbegin();
     auto it = first_at_or_above(solid_ - std::min(solid_, largest));
     const Run only = only_run(range);
+    query_.clear();  // the range's steps as bitmap words, made at the first column met
     for (; it != alive_.end(); ++it) {
       const Entry& e = *it;
       if (e.begin >= offset + bytes) break;
@@ -148,8 +149,14 @@ class TileLayout {
   }
 
   // Whether range r (whose only run is `only`) meets a member of entry e.
-  bool meets(const LiveRange& r, const Run& only, const Entry& e) const {
-    if (e.column >= 0) return r.whole_run || any_step(columns_[e.column], r);
+  bool meets(const LiveRange& r, const Run& only, const Entry& e) {
+    if (e.column >= 0) {
+      if (r.whole_run) return true;
+      if (query_.empty()) query(r);
+      const std::vector<std::uint64_t>& bits = columns_[e.column];
+      return std::any_of(query_.begin(), query_.end(),
+                         [&](const auto& q) { return (bits[q.first] & q.second) != 0; });
+    }
     // Most ranges are one run: those compare on the copies in hand.
     return only.count != 0 && e.only.count != 0 ? meet(only, e.only) : meet(r, *e.range);
   }
@@ -184,10 +191,15 @@ class TileLayout {
       return false;
     });
   }
-  static bool any_step(const std::vector<std::uint64_t>& bits, const LiveRange& r) {
-    return any_segment(r, [&](std::size_t a, std::size_t b) {
-      for (std::size_t w = a / 64; w <= b / 64; ++w)
-        if ((bits[w] & word_mask(w, a, b)) != 0) return true;
+  // query_ = the words of r's steps, each word once.
+  void query(const LiveRange& r) {
+    any_segment(r, [&](std::size_t a, std::size_t b) {
+      for (std::size_t w = a / 64; w <= b / 64; ++w) {
+        if (!query_.empty() && query_.back().first == w)
+          query_.back().second |= word_mask(w, a, b);
+        else
+          query_.emplace_back(static_cast<std::uint32_t>(w), word_mask(w, a, b));
+      }
       return false;
     });
   }
@@ -334,6 +346,7 @@ class TileLayout {
   std::size_t words_;        // of a column's bitmap
   std::vector<std::vector<std::uint64_t>> columns_;
   std::vector<std::int32_t> free_columns_;
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> query_;
 };
 
 }  // namespace

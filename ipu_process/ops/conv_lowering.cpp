@@ -40,12 +40,19 @@ void expect_same_type(const Tensor& a, const Tensor& b, const std::string& name)
 // channels are then contiguous in both), else one per channel.
 void add_plane_copies(CopyRuns& copies, const Tensor& src, std::size_t b, std::size_t c0,
                       std::size_t c1, std::size_t r0, std::size_t r1, const Tensor& dst_block) {
-  if (r0 == 0 && r1 == src.dim(2)) {
-    copies.add(src.row(b).rows(c0, c1).flatten(), dst_block.flatten());
+  const std::size_t channels = src.dim(1), height = src.dim(2), width = src.dim(3);
+  const Tensor s = src.flatten(), d = dst_block.flatten();
+  const std::size_t plane = height * width, first = (b * channels + c0) * plane;
+  if (r0 == 0 && r1 == height) {
+    copies.add(s.slice(first, first + (c1 - c0) * plane), d);
     return;
   }
-  for (std::size_t ch = c0; ch < c1; ++ch)
-    copies.add(src.row(b).row(ch).rows(r0, r1).flatten(), dst_block.row(ch - c0).flatten());
+  // Taken many times over while lowering a full-size model: flat slices, not nested views.
+  const std::size_t n = (r1 - r0) * width, dst_plane = d.elements() / dst_block.dim(0);
+  for (std::size_t ch = c0; ch < c1; ++ch) {
+    const std::size_t from = first + (ch - c0) * plane + r0 * width, to = (ch - c0) * dst_plane;
+    copies.add(s.slice(from, from + n), d.slice(to, to + dst_plane));
+  }
 }
 
 // Tiles of one op start at a place that depends on its name, so that layers spread their
