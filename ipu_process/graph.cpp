@@ -2,6 +2,7 @@
 #include "ipu_process/graph.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <set>
 #include <stdexcept>
@@ -587,6 +588,8 @@ void Graph::settle() {
     variables_[i].mapping.shrink_to_fit();
   settled_compute_sets_ = compute_sets_.size();
   last_access_.clear();
+  param_lists_.clear();
+  param_lists_of_ = ~ComputeSetId{0};
   settled_variables_ = variables_.size();
 }
 
@@ -708,10 +711,30 @@ void Graph::add_vertex(ComputeSetId cs_id, const Vertex& vertex) {
   else
     record.first_field = static_cast<std::uint32_t>(state_regions);
   if (keep_vertex_params_)
-    cs.params.insert(cs.params.end(), vertex.params.begin(), vertex.params.end());
+    record.first_param = shared_params(cs_id, vertex.params);
   else
     record.params = 0;
   cs.vertices.push_back(record);
+}
+
+std::uint32_t Graph::shared_params(ComputeSetId cs_id, std::span<const double> params) {
+  ComputeSet& cs = compute_sets_[cs_id];
+  if (param_lists_of_ != cs_id) param_lists_.clear(), param_lists_of_ = cs_id;
+  std::uint64_t h = 14695981039346656037ULL ^ params.size();  // FNV-1a over the bit patterns
+  for (double x : params) {
+    std::uint64_t bits = 0;
+    std::memcpy(&bits, &x, sizeof bits);
+    h = (h ^ bits) * 1099511628211ULL;
+  }
+  const auto [it, added] =
+      param_lists_.try_emplace(h, static_cast<std::uint32_t>(cs.params.size()));
+  if (!added && it->second + params.size() <= cs.params.size() &&
+      (params.empty() ||
+       std::memcmp(params.data(), cs.params.data() + it->second, params.size_bytes()) == 0))
+    return it->second;
+  it->second = static_cast<std::uint32_t>(cs.params.size());  // new, or another list's hash
+  cs.params.insert(cs.params.end(), params.begin(), params.end());
+  return it->second;
 }
 
 bool Graph::next_in_tile_memory(VariableId var, unsigned tile, std::size_t end, std::size_t begin) {

@@ -320,6 +320,8 @@ class Graph {
   // Whether elements [.., end) and [begin, ..) of variable `var` follow each other in `tile`'s
   // memory: end closes one of its intervals on the tile and begin opens the next.
   bool next_in_tile_memory(VariableId var, unsigned tile, std::size_t end, std::size_t begin);
+  // Where compute set cs_id's params hold `params`: an equal list already there, or appended.
+  std::uint32_t shared_params(ComputeSetId cs_id, std::span<const double> params);
   // Per interval of a variable, how many of its intervals on the same tile precede it (for
   // next_in_tile_memory; a few variables at a time, as one op's vertices use a few).
   struct IntervalOrdinals {
@@ -335,6 +337,10 @@ class Graph {
   // Without regions: the last access of each (compute set, variable, write) since the last
   // settle(), so that a run of adjacent regions becomes one access.
   std::unordered_map<std::uint64_t, std::size_t> last_access_;
+  // The parameter lists of the compute set being filled, by hash, to where ComputeSet::params
+  // holds them: vertices with the same parameters (one geometry on many tiles) share one copy.
+  std::unordered_map<std::uint64_t, std::uint32_t> param_lists_;
+  ComputeSetId param_lists_of_ = ~ComputeSetId{0};
   std::vector<ComputeSet> compute_sets_;
   std::size_t settled_compute_sets_ = 0, settled_variables_ = 0;  // see settle()
 };
