@@ -5,6 +5,8 @@
 #include <malloc.h>
 
 #include <atomic>
+#include <bit>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -75,6 +77,39 @@ TEST(HostMemory, AVertexCostsTensOfBytesNotKilobytes) {
   // A 32-byte record, three 12-byte regions, three 4-byte field ends, two parameters: 96.
   EXPECT_LE(per_vertex, 112.0) << "host bytes per vertex of three regions and two parameters";
   EXPECT_EQ(g.compute_sets()[cs].vertices.size(), vertices);
+}
+
+// Vertices of one geometry on many tiles carry the same parameters: a compute set keeps each
+// distinct list once (bitwise: 0.0 and -0.0 are two lists), and every vertex points at its own.
+TEST(HostMemory, VerticesWithEqualParametersShareOneList) {
+  Graph g(ArchPreset::get("tiny"));
+  Tensor a = g.add_variable(DType::f32, {64}, "a"), out = g.add_variable(DType::f32, {64}, "out");
+  for (const Tensor& t : {a, out}) g.set_tile_mapping(t, 0);
+  const ComputeSetId cs = g.add_compute_set("scale");
+  const std::vector<std::vector<double>> lists = {
+      {1.0, 2.0}, {3.0, 4.0}, {1.0, 2.0}, {1.0, 2.0, 5.0}, {0.0}, {-0.0}, {3.0, 4.0}, {}};
+  for (std::size_t i = 0; i < lists.size(); ++i)
+    g.add_vertex(cs, Vertex{"Add",
+                            0,
+                            {{a.slice(8 * i, 8 * i + 8)},
+                             {a.slice(8 * i, 8 * i + 8)},
+                             {out.slice(8 * i, 8 * i + 8)}},
+                            lists[i]});
+  const ComputeSet& set = g.compute_sets()[cs];
+  // Distinct lists: {1, 2}, {3, 4}, {1, 2, 5}, {0}, {-0}, {}: 2 + 2 + 3 + 1 + 1 doubles.
+  EXPECT_EQ(set.params.size(), 9u);
+  for (std::size_t i = 0; i < lists.size(); ++i) {
+    const VertexRecord& v = set.vertices[i];
+    ASSERT_EQ(v.params, lists[i].size()) << i;
+    ASSERT_LE(v.first_param + v.params, set.params.size()) << i;
+    for (std::size_t k = 0; k < lists[i].size(); ++k)
+      EXPECT_EQ(std::bit_cast<std::uint64_t>(set.params[v.first_param + k]),
+                std::bit_cast<std::uint64_t>(lists[i][k]))
+          << "vertex " << i << " points at another list";
+  }
+  EXPECT_EQ(set.vertices[2].first_param, set.vertices[0].first_param);
+  EXPECT_EQ(set.vertices[6].first_param, set.vertices[1].first_param);
+  EXPECT_NE(set.vertices[4].first_param, set.vertices[5].first_param);
 }
 
 // A copy of many small pairs between two variables keeps one run per pair that neither
