@@ -177,30 +177,25 @@ class TileLayout {
     set_steps(columns_[e.column], r);
     ++e.members;
   }
-  // Calls f(first, last) for each segment of r's runs.
+  // Calls f(w, mask) with the bits of word w of a step bitmap that each segment of r covers.
   template <typename F>
-  static bool any_segment(const LiveRange& r, F f) {
+  static void for_each_word(const LiveRange& r, F f) {
     for (const Run& run : r.runs)
-      for (std::size_t k = 0; k < run.count; ++k)
-        if (f(run.segment(k), run.segment(k) + run.length)) return true;
-    return false;
+      for (std::size_t k = 0; k < run.count; ++k) {
+        const std::size_t first = run.segment(k), last = first + run.length;
+        for (std::size_t w = first / 64; w <= last / 64; ++w) f(w, word_mask(w, first, last));
+      }
   }
   static void set_steps(std::vector<std::uint64_t>& bits, const LiveRange& r) {
-    any_segment(r, [&](std::size_t a, std::size_t b) {
-      for (std::size_t w = a / 64; w <= b / 64; ++w) bits[w] |= word_mask(w, a, b);
-      return false;
-    });
+    for_each_word(r, [&](std::size_t w, std::uint64_t mask) { bits[w] |= mask; });
   }
   // query_ = the words of r's steps, each word once.
   void query(const LiveRange& r) {
-    any_segment(r, [&](std::size_t a, std::size_t b) {
-      for (std::size_t w = a / 64; w <= b / 64; ++w) {
-        if (!query_.empty() && query_.back().first == w)
-          query_.back().second |= word_mask(w, a, b);
-        else
-          query_.emplace_back(static_cast<std::uint32_t>(w), word_mask(w, a, b));
-      }
-      return false;
+    for_each_word(r, [&](std::size_t w, std::uint64_t mask) {
+      if (!query_.empty() && query_.back().first == w)
+        query_.back().second |= mask;
+      else
+        query_.emplace_back(static_cast<std::uint32_t>(w), mask);
     });
   }
   // The bits of steps [a, b] in word w.

@@ -124,33 +124,47 @@ TEST(Liveness, AValueReadBeforeItIsRewrittenInALoopKeepsItsBytes) {
   for (std::size_t i = 0; i < v.size(); ++i) ASSERT_EQ(f[i], 8.f * v[i]) << i;
 }
 
+// Slot tests: x (weight, host-written with (i % 7) - 3) and acc (zeroed), both host-accessed on
+// tile 0; sums() runs program p and gives acc's values.
+struct SlotSums {
+  Graph g{tiny()};  // first: x and acc are made in it
+  explicit SlotSums(std::size_t n)
+      : x(g.add_variable(DType::f32, {n}, "x", MemoryCategory::weight)),
+        acc(g.add_variable(DType::f32, {n}, "acc")) {
+    for (const Tensor& t : {x, acc}) {
+      g.set_tile_mapping(t, 0);
+      g.set_host_access(t);
+    }
+    for (std::size_t i = 0; i < n; ++i) v.push_back(static_cast<float>(i % 7) - 3.0f);
+  }
+  std::vector<float> sums(Engine& e) const {
+    const std::vector<float> zero(v.size(), 0.0f);
+    e.write(x, std::as_bytes(std::span(v)));
+    e.write(acc, std::as_bytes(std::span(zero)));
+    e.run("p");
+    return e.read_values(acc);
+  }
+  Tensor x, acc;
+  std::vector<float> v;
+};
+
 TEST(Liveness, ValuesLiveInInterleavedStretchesShareBytes) {
   // As in a grouped pipeline's slots: f is made and used in slots 1 and 3, b in slots 2 and 4.
   // Their first-to-last spans overlap but they are never live at the same step, so they share
   // bytes; the sums show neither overwrote the other while it was live.
-  Graph g(tiny());
-  Tensor x = g.add_variable(DType::f32, {4096}, "x", MemoryCategory::weight);
-  Tensor acc = g.add_variable(DType::f32, {4096}, "acc");
-  for (const Tensor& t : {x, acc}) g.set_tile_mapping(t, 0);
-  g.set_host_access(x);
-  g.set_host_access(acc);
+  SlotSums t(4096);
+  Graph& g = t.g;
   Program forward, backward;
-  ops::scaled_add_in_place(g, forward, acc, ops::relu(g, forward, x, "f"), 1.0f, "acc+=f");
-  Tensor negative = ops::unary(g, backward, ops::UnaryOp::neg, x, 0.0f, "minus x");
-  ops::scaled_add_in_place(g, backward, acc, ops::relu(g, backward, negative, "b"), 10.0f,
+  ops::scaled_add_in_place(g, forward, t.acc, ops::relu(g, forward, t.x, "f"), 1.0f, "acc+=f");
+  Tensor negative = ops::unary(g, backward, ops::UnaryOp::neg, t.x, 0.0f, "minus x");
+  ops::scaled_add_in_place(g, backward, t.acc, ops::relu(g, backward, negative, "b"), 10.0f,
                            "acc+=10b");
   Engine e(g, {{"p", Program::sequence({forward, backward, forward, backward})}});
   // acc (host access: live throughout), f sharing with minus x, and b: three, not four.
   EXPECT_EQ(e.memory().tiles[0].not_always_live, 3 * 4096 * 4u);
-  std::vector<float> v(4096), zero(4096, 0.0f);
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 7) - 3.0f;
-  e.write(x, std::as_bytes(std::span(v)));
-  e.write(acc, std::as_bytes(std::span(zero)));
-  e.run("p");
-  const auto got = e.read(acc);
-  const float* f = reinterpret_cast<const float*>(got.data());
-  for (std::size_t i = 0; i < v.size(); ++i)
-    ASSERT_EQ(f[i], 2.0f * std::max(v[i], 0.0f) + 20.0f * std::max(-v[i], 0.0f)) << i;
+  const std::vector<float> f = t.sums(e);
+  for (std::size_t i = 0; i < t.v.size(); ++i)
+    ASSERT_EQ(f[i], 2.0f * std::max(t.v[i], 0.0f) + 20.0f * std::max(-t.v[i], 0.0f)) << i;
 }
 
 TEST(Liveness, ValuesThatNeverMeetStackAtOneOffsetAndAValueMeetingOneGoesAbove) {
@@ -158,35 +172,24 @@ TEST(Liveness, ValuesThatNeverMeetStackAtOneOffsetAndAValueMeetingOneGoesAbove) 
   // never at the same step, they share one block (the memory plan keeps them as one column of
   // live steps). u, made in U and read in V, meets t2 and t3, so it needs a block of its own:
   // acc, the column and u make three. The sum shows no value was overwritten while live.
-  Graph g(tiny());
-  Tensor x = g.add_variable(DType::f32, {2048}, "x", MemoryCategory::weight);
-  Tensor acc = g.add_variable(DType::f32, {2048}, "acc");
-  for (const Tensor& t : {x, acc}) g.set_tile_mapping(t, 0);
-  g.set_host_access(x);
-  g.set_host_access(acc);
+  SlotSums t(2048);
+  Graph& g = t.g;
+  const float scales[3] = {1.0f, 10.0f, 100.0f};
   std::vector<Program> slot(3);
   for (int i = 0; i < 3; ++i) {
     const std::string name = "t" + std::to_string(i + 1);
-    ops::scaled_add_in_place(g, slot[i], acc, ops::relu(g, slot[i], x, name),
-                             static_cast<float>(i == 0   ? 1
-                                                : i == 1 ? 10
-                                                         : 100),
+    ops::scaled_add_in_place(g, slot[i], t.acc, ops::relu(g, slot[i], t.x, name), scales[i],
                              name + "+");
   }
   Program make_u, use_u;
-  Tensor u = ops::relu(g, make_u, x, "u");
-  ops::scaled_add_in_place(g, use_u, acc, u, 1000.0f, "u+");
+  Tensor u = ops::relu(g, make_u, t.x, "u");
+  ops::scaled_add_in_place(g, use_u, t.acc, u, 1000.0f, "u+");
   Engine e(g, {{"p", Program::sequence(
                          {slot[0], slot[1], slot[2], slot[0], make_u, slot[1], slot[2], use_u})}});
   EXPECT_EQ(e.memory().tiles[0].not_always_live, 3 * 2048 * 4u);
-  std::vector<float> v(2048), zero(2048, 0.0f);
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 7) - 3.0f;
-  e.write(x, std::as_bytes(std::span(v)));
-  e.write(acc, std::as_bytes(std::span(zero)));
-  e.run("p");
-  const auto got = e.read(acc);
-  const float* f = reinterpret_cast<const float*>(got.data());
-  for (std::size_t i = 0; i < v.size(); ++i) ASSERT_EQ(f[i], 1222.0f * std::max(v[i], 0.0f)) << i;
+  const std::vector<float> f = t.sums(e);
+  for (std::size_t i = 0; i < t.v.size(); ++i)
+    ASSERT_EQ(f[i], 1222.0f * std::max(t.v[i], 0.0f)) << i;
 }
 
 TEST(Liveness, AValueAWriteInABranchMayReplaceStaysLiveAcrossTheBranch) {
