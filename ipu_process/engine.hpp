@@ -128,10 +128,11 @@ class Engine {
  public:
   Engine(const Graph& graph, std::map<std::string, Program> programs, EngineOptions options = {});
   // The same, freeing each compute set's vertex tables in the graph once compiled (see
-  // Graph::release_vertex_tables): for an engine that is the graph's only one.
-  struct ReleaseVertexTables {};
+  // Graph::release_vertex_tables) and, once built, the tile mappings of the variables the host
+  // cannot access (Graph::release_mapping): for an engine that is the graph's only one.
+  struct ReleaseGraphTables {};
   Engine(Graph& graph, std::map<std::string, Program> programs, EngineOptions options,
-         ReleaseVertexTables);
+         ReleaseGraphTables);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -173,6 +174,8 @@ class Engine {
   struct CompiledExchange;
 
   void allocate_memory(const std::map<std::string, Program>& programs);
+  void release_mappings();  // of the variables the host cannot access (see ReleaseGraphTables)
+  static void release_free_heap();  // gives freed heap pages back to the system (glibc)
   void account(const char* category, std::uint64_t CycleBreakdown::*field, std::uint64_t cycles,
                const std::string& name);
   bool predicate(const Node& node) const;
@@ -204,7 +207,8 @@ class Engine {
          EngineOptions options);
 
   const Graph& graph_;
-  Graph* releasable_ = nullptr;  // the graph whose vertex tables go once compiled
+  Graph* releasable_ = nullptr;     // the graph whose vertex tables go once compiled
+  std::size_t released_bytes_ = 0;  // of its tables, since the heap was last trimmed
   EngineOptions options_;
   MemoryReport memory_;
   // The memory of every tile, in one block of host memory (see allocate_memory).

@@ -2,6 +2,7 @@
 #include "ipu_process/graph.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <numeric>
 #include <set>
@@ -556,7 +557,7 @@ void merge_accesses(ComputeSet& cs) {
 void shrink_tables(ComputeSet& cs) {
   cs.vertices.shrink_to_fit();
   cs.field_ends.shrink_to_fit();
-  cs.regions.shrink_to_fit();
+  cs.entries.shrink_to_fit();
   cs.params.shrink_to_fit();
   cs.slice_cycles.shrink_to_fit();
   cs.accesses.shrink_to_fit();
@@ -567,10 +568,14 @@ void Graph::release_vertex_tables(ComputeSetId id) {
   ComputeSet& cs = compute_sets_.at(id);
   std::vector<VertexRecord>().swap(cs.vertices);
   std::vector<std::uint32_t>().swap(cs.field_ends);
-  std::vector<FieldRegion>().swap(cs.regions);
+  std::vector<RegionEntry>().swap(cs.entries);
   std::vector<std::uint32_t>().swap(cs.slice_cycles);
-  std::vector<double>().swap(cs.params);
+  cs.params.clear();
   cs.released = true;
+}
+
+void Graph::release_mapping(VariableId var) {
+  std::vector<TileInterval>().swap(variables_.at(var).mapping);
 }
 
 void Graph::shrink_to_fit() {
@@ -679,6 +684,7 @@ void Graph::add_vertex(ComputeSetId cs_id, const Vertex& vertex) {
     throw std::logic_error("compute set '" + cs.name +
                            "' would hold more than 2^32 regions or parameters; split it");
   std::size_t state_regions = 0;
+  std::size_t last_entry = kNoEntry;  // the field's last first entry (see add_region_entry)
   for (std::size_t f = 0; f < vertex.fields.size(); ++f) {
     VariableId run_var = ~VariableId{0};
     std::size_t run_begin = 0, run_end = 0;
@@ -699,12 +705,14 @@ void Graph::add_vertex(ComputeSetId cs_id, const Vertex& vertex) {
                                dtype_name(var.dtype) + " variable");
       ++cs.region_count;
       if (keep_vertex_regions_)
-        cs.regions.push_back({static_cast<std::uint32_t>(region.offset()), region.variable(),
-                              static_cast<std::uint32_t>(region.elements())});
+        add_region_entry(cs, last_entry, region);
       else
         add_access(cs_id, codelet, f, vertex.tile, region, where);
     }
-    if (keep_vertex_regions_) cs.field_ends.push_back(static_cast<std::uint32_t>(cs.region_count));
+    if (keep_vertex_regions_) {
+      last_entry = kNoEntry;  // a field's repeats stay within it
+      cs.field_ends.push_back(static_cast<std::uint32_t>(cs.entries.size()));
+    }
   }
   if (keep_vertex_regions_)
     cs.vertex_state_regions.push_back(static_cast<std::uint32_t>(state_regions));
@@ -715,6 +723,38 @@ void Graph::add_vertex(ComputeSetId cs_id, const Vertex& vertex) {
   else
     record.params = 0;
   cs.vertices.push_back(record);
+}
+
+void Graph::add_region_entry(ComputeSet& cs, std::size_t& last, const Tensor& region) {
+  const auto offset = static_cast<std::uint32_t>(region.offset());
+  const auto elements = static_cast<std::uint32_t>(region.elements());
+  const VariableId var = region.variable();
+  if (var >= RegionEntry::kRepeated)
+    throw std::length_error("a graph holds fewer than 2^31 variables");
+  auto& e = cs.entries;
+  // The field's last entry, extended when the region repeats it at a constant distance.
+  if (last != kNoEntry && (e[last].var & ~RegionEntry::kRepeated) == var &&
+      e[last].elements == elements) {
+    RegionEntry& first = e[last];
+    if ((first.var & RegionEntry::kRepeated) != 0) {
+      RegionEntry& repeat = e[last + 1];
+      const auto stride = std::int64_t{static_cast<std::int32_t>(repeat.var)};
+      if (std::int64_t{first.offset} + std::int64_t{repeat.offset} * stride == offset &&
+          repeat.offset < UINT32_MAX) {
+        ++repeat.offset;
+        return;
+      }
+    } else {
+      const std::int64_t stride = std::int64_t{offset} - std::int64_t{first.offset};
+      if (stride >= INT32_MIN && stride <= INT32_MAX) {
+        first.var |= RegionEntry::kRepeated;
+        e.push_back({2, static_cast<VariableId>(static_cast<std::int32_t>(stride)), 0});
+        return;
+      }
+    }
+  }
+  last = e.size();
+  e.push_back({offset, var, elements});
 }
 
 std::uint32_t Graph::shared_params(ComputeSetId cs_id, std::span<const double> params) {
@@ -729,12 +769,33 @@ std::uint32_t Graph::shared_params(ComputeSetId cs_id, std::span<const double> p
   const auto [it, added] =
       param_lists_.try_emplace(h, static_cast<std::uint32_t>(cs.params.size()));
   if (!added && it->second + params.size() <= cs.params.size() &&
-      (params.empty() ||
-       std::memcmp(params.data(), cs.params.data() + it->second, params.size_bytes()) == 0))
+      cs.params.holds(it->second, params))
     return it->second;
   it->second = static_cast<std::uint32_t>(cs.params.size());  // new, or another list's hash
-  cs.params.insert(cs.params.end(), params.begin(), params.end());
+  cs.params.append(params);
   return it->second;
+}
+
+void ParamTable::append(std::span<const double> values) {
+  if (!wide_ && !std::all_of(values.begin(), values.end(), [](double x) {
+        return std::bit_cast<std::uint64_t>(static_cast<double>(static_cast<float>(x))) ==
+               std::bit_cast<std::uint64_t>(x);
+      })) {
+    doubles_.assign(floats_.begin(), floats_.end());
+    std::vector<float>().swap(floats_);
+    wide_ = true;
+  }
+  if (wide_)
+    doubles_.insert(doubles_.end(), values.begin(), values.end());
+  else
+    for (double x : values) floats_.push_back(static_cast<float>(x));
+}
+
+bool ParamTable::holds(std::size_t at, std::span<const double> values) const {
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (std::bit_cast<std::uint64_t>((*this)[at + i]) != std::bit_cast<std::uint64_t>(values[i]))
+      return false;
+  return true;
 }
 
 bool Graph::next_in_tile_memory(VariableId var, unsigned tile, std::size_t end, std::size_t begin) {

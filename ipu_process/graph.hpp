@@ -163,6 +163,18 @@ struct FieldRegion {
   std::uint32_t elements = 0;
 };
 
+// An entry of a compute set's region table (12 bytes): a FieldRegion, or the first of a field's
+// consecutive regions of one variable and one size at a constant distance (a channel's rows,
+// a block's planes: most regions of an elementwise or normalising vertex come so), which the
+// entry after it counts: `count` regions, region i at offset + i * stride.
+struct RegionEntry {
+  static constexpr VariableId kRepeated = VariableId{1} << 31;  // a repeat entry follows
+  std::uint32_t offset = 0;
+  VariableId var = 0;  // | kRepeated
+  std::uint32_t elements = 0;
+};
+static_assert(sizeof(RegionEntry) == 12);
+
 // A vertex as the graph keeps it, in the spirit of Poplar's compact vertex state: a record of
 // a few tens of bytes; its fields' regions and its parameters live in the compute set's shared
 // tables, so a full-size model's millions of vertices allocate nothing each.
@@ -183,13 +195,42 @@ struct VertexRecord {
 };
 static_assert(sizeof(VertexRecord) == 32);
 
+// A compute set's vertex parameters: float32 while every value is exactly one (sizes, offsets,
+// flags and most factors are), float64 from the first that is not.
+class ParamTable {
+ public:
+  std::size_t size() const { return wide_ ? doubles_.size() : floats_.size(); }
+  double operator[](std::size_t i) const { return wide_ ? doubles_[i] : floats_[i]; }
+  bool is_float() const { return !wide_; }
+  const std::vector<float>& floats() const { return floats_; }     // while is_float()
+  const std::vector<double>& doubles() const { return doubles_; }  // once not
+  void append(std::span<const double> values);
+  // Whether values [at, at + values.size()) hold `values`, bit for bit.
+  bool holds(std::size_t at, std::span<const double> values) const;
+  void shrink_to_fit() {
+    floats_.shrink_to_fit();
+    doubles_.shrink_to_fit();
+  }
+  void clear() {
+    std::vector<float>().swap(floats_);
+    std::vector<double>().swap(doubles_);
+    wide_ = false;
+  }
+
+ private:
+  std::vector<float> floats_;
+  std::vector<double> doubles_;
+  bool wide_ = false;
+};
+
 struct ComputeSet {
   std::string name;
   std::vector<VertexRecord> vertices;
-  // Field k (over the whole compute set) holds regions[field_ends[k - 1] .. field_ends[k]).
+  // Field k (over the whole compute set) holds the regions of entries[field_ends[k - 1] ..
+  // field_ends[k]) (see RegionEntry).
   std::vector<std::uint32_t> field_ends;
-  std::vector<FieldRegion> regions;
-  std::vector<double> params;
+  std::vector<RegionEntry> entries;
+  ParamTable params;
   std::vector<std::uint32_t> slice_cycles;  // of the worker slices of vertices with several
   // In a graph that drops its vertices' regions (Graph::drop_vertex_regions): what the vertices
   // read and write, as the memory plan sees it (a variable read at all; the ranges written by
@@ -211,13 +252,23 @@ struct ComputeSet {
     return v.slices == 1 ? v.cycles : slice_cycles[v.cycles + slice];
   }
 
-  std::span<const FieldRegion> field(const VertexRecord& v, std::size_t f) const {
+  // Calls fn(FieldRegion) for each region of the vertex's field f, in order.
+  template <class F>
+  void for_each_region(const VertexRecord& v, std::size_t f, F&& fn) const {
     const std::size_t k = v.first_field + f;
-    const std::size_t begin = k == 0 ? 0 : field_ends[k - 1];
-    return std::span(regions).subspan(begin, field_ends[k] - begin);
-  }
-  std::span<const double> vertex_params(const VertexRecord& v) const {
-    return std::span(params).subspan(v.first_param, v.params);
+    for (std::size_t e = k == 0 ? 0 : field_ends[k - 1]; e < field_ends[k]; ++e) {
+      const RegionEntry& entry = entries[e];
+      FieldRegion r{entry.offset, entry.var & ~RegionEntry::kRepeated, entry.elements};
+      if ((entry.var & RegionEntry::kRepeated) == 0) {
+        fn(r);
+        continue;
+      }
+      const RegionEntry& repeat = entries[++e];  // count, stride (as int32)
+      const auto stride = static_cast<std::int32_t>(repeat.var);
+      for (std::uint32_t i = 0; i < repeat.offset;
+           ++i, r.offset += static_cast<std::uint32_t>(stride))
+        fn(r);
+    }
   }
   // Its vertex-state regions (see Graph::add_vertex).
   std::size_t regions_of(const VertexRecord& v) const {
@@ -274,9 +325,13 @@ class Graph {
   ComputeSetId add_compute_set(std::string name);
   // Frees the compute set's vertex records, field regions and parameters, keeping its name
   // (an engine keeps its own copy of what it runs): an engine built with
-  // Engine::ReleaseVertexTables does this once it has compiled the compute set, so that a
+  // Engine::ReleaseGraphTables does this once it has compiled the compute set, so that a
   // training rank does not hold every vertex twice. The compute set cannot be compiled again.
   void release_vertex_tables(ComputeSetId cs);
+  // Frees the variable's tile mapping: such an engine does this, once built, for the variables
+  // the host cannot access (their tile addresses are in its compiled programs). The variable
+  // cannot be mapped, compiled or resolved again.
+  void release_mapping(VariableId var);
   // Gives back what the compute sets' tables reserved for growth (call when lowering is done).
   void shrink_to_fit();
   // The same for the compute sets and variables made since the last call (call between ops: a
@@ -320,6 +375,10 @@ class Graph {
   // Whether elements [.., end) and [begin, ..) of variable `var` follow each other in `tile`'s
   // memory: end closes one of its intervals on the tile and begin opens the next.
   bool next_in_tile_memory(VariableId var, unsigned tile, std::size_t end, std::size_t begin);
+  // Adds a region of a vertex field to the compute set's entries, as a repeat of the field's
+  // last entry (index `last`, kNoEntry when the field has none yet) when it continues one.
+  static constexpr std::size_t kNoEntry = ~std::size_t{0};
+  static void add_region_entry(ComputeSet& cs, std::size_t& last, const Tensor& region);
   // Where compute set cs_id's params hold `params`: an equal list already there, or appended.
   std::uint32_t shared_params(ComputeSetId cs_id, std::span<const double> params);
   // Per interval of a variable, how many of its intervals on the same tile precede it (for

@@ -5,6 +5,9 @@
 #include <map>
 #include <numeric>
 #include <unordered_map>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "ipu_process/engine.hpp"
 #include "ipu_process/engine/engine_internal.hpp"
@@ -54,14 +57,17 @@ class ByteRanges {
 
 // Offsets of each key's run in a stable counting sort of keys in [0, buckets): the items of
 // key t go to positions begin[t] .. begin[t + 1]; fills order with the items' new order.
-std::vector<std::size_t> group_by(const std::vector<unsigned>& keys, unsigned buckets,
-                                  std::vector<std::size_t>& order) {
-  std::vector<std::size_t> begin(buckets + 1, 0);
+std::vector<std::uint32_t> group_by(const std::vector<unsigned>& keys, unsigned buckets,
+                                    std::vector<std::uint32_t>& order) {
+  if (keys.size() > UINT32_MAX)
+    throw std::length_error("more than 2^32 vertices or transfers in one program step");
+  std::vector<std::uint32_t> begin(buckets + 1, 0);
   for (unsigned k : keys) ++begin[k + 1];
   std::partial_sum(begin.begin(), begin.end(), begin.begin());
-  std::vector<std::size_t> next(begin.begin(), begin.end() - 1);
+  std::vector<std::uint32_t> next(begin.begin(), begin.end() - 1);
   order.assign(keys.size(), 0);
-  for (std::size_t i = 0; i < keys.size(); ++i) order[next[keys[i]]++] = i;
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    order[next[keys[i]]++] = static_cast<std::uint32_t>(i);
   return begin;
 }
 
@@ -187,7 +193,7 @@ Engine::Engine(const Graph& graph, std::map<std::string, Program> programs, Engi
     : Engine(graph, nullptr, std::move(programs), options) {}
 
 Engine::Engine(Graph& graph, std::map<std::string, Program> programs, EngineOptions options,
-               ReleaseVertexTables)
+               ReleaseGraphTables)
     : Engine(graph, &graph, std::move(programs), options) {}
 
 Engine::Engine(const Graph& graph, Graph* releasable, std::map<std::string, Program> programs,
@@ -205,8 +211,41 @@ Engine::Engine(const Graph& graph, Graph* releasable, std::map<std::string, Prog
         "an engine that can run needs the vertices' parameters, which this graph dropped "
         "(Graph::drop_vertex_params): build it with executable = false, or keep them");
   allocate_memory(programs);
+  if (releasable_ != nullptr) release_free_heap();  // the memory plan's working sets
   for (auto& [name, program] : programs)
     programs_.emplace(name, std::make_unique<Node>(compile(program)));
+  if (releasable_ != nullptr && options_.executable) {
+    programs.clear();  // the copy runs, where the caller gave the engine the only copy
+    release_mappings();
+  }
+}
+
+void Engine::release_free_heap() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+
+void Engine::release_mappings() {
+  // The compiled programs hold their tile addresses; the host reads and writes only the
+  // variables check_host_access allows, so only theirs are kept.
+  const auto& vars = graph_.variables();
+  std::vector<std::size_t> begin(vars.size() + 1, 0);
+  std::vector<std::uint32_t> offsets;
+  for (VariableId id = 0; id < vars.size(); ++id) {
+    begin[id] = offsets.size();
+    if (vars[id].host_access || always_live(vars[id].category)) {
+      offsets.insert(
+          offsets.end(),
+          interval_offsets_.begin() + static_cast<std::ptrdiff_t>(interval_offset_begin_[id]),
+          interval_offsets_.begin() + static_cast<std::ptrdiff_t>(interval_offset_begin_[id + 1]));
+    } else {
+      releasable_->release_mapping(id);
+    }
+  }
+  begin[vars.size()] = offsets.size();
+  interval_offset_begin_ = std::move(begin);
+  interval_offsets_ = std::move(offsets);
 }
 
 Engine::~Engine() = default;
@@ -246,7 +285,7 @@ Engine::Node Engine::compile(const Program& p) {
       // A plan keeps only the cycles (the tiles' checks are made all the same).
       const bool tables = options_.executable;
       if (tables) {
-        ccs->regions.reserve(cs.regions.size());
+        ccs->regions.reserve(cs.entries.size());
         ccs->field_ends.reserve(cs.field_ends.size());
         ccs->base = tile_memory_.data();
         ccs->vertices.reserve(cs.vertices.size());
@@ -274,7 +313,8 @@ Engine::Node Engine::compile(const Program& p) {
             v.slices, v.fields};
         // (A graph without regions checked them as they came: Graph::drop_vertex_regions.)
         for (std::size_t f = 0; f < v.fields && graph_.keeps_vertex_regions(); ++f) {
-          for (const FieldRegion& field_region : cs.field(v, f)) {
+          std::size_t last = CompiledComputeSet::kNoEntry;
+          cs.for_each_region(v, f, [&](const FieldRegion& field_region) {
             pieces.clear();
             resolve_into(field_region.var, field_region.offset,
                          field_region.offset + field_region.elements, pieces);
@@ -293,12 +333,13 @@ Engine::Node Engine::compile(const Program& p) {
                                      "): field '" + codelet.fields[f] + "' region " +
                                      graph_.describe(region()) +
                                      " is not contiguous in tile memory; split it into regions");
-            if (!tables) continue;
-            ccs->regions.push_back(
+            if (!tables) return;
+            CompiledComputeSet::add_region(
+                ccs->regions, last,
                 pack(pieces.empty() ? nullptr : pieces[0].data, field_region.elements, dtype));
             rt.widens_float16 =
                 rt.widens_float16 || (dtype == DType::f16 && !codelet.reads_float16_storage);
-          }
+          });
           if (tables) ccs->field_ends.push_back(static_cast<std::uint32_t>(ccs->regions.size()));
         }
         if (tables) ccs->vertices.push_back(rt);
@@ -314,13 +355,11 @@ Engine::Node Engine::compile(const Program& p) {
       ccs->cycles =
           worker_loads.empty() ? 0 : *std::max_element(worker_loads.begin(), worker_loads.end());
       if (tables) {  // (a plan keeps only the cycles)
-        ccs->params_are_float = std::all_of(cs.params.begin(), cs.params.end(), [](double x) {
-          return static_cast<double>(static_cast<float>(x)) == x;
-        });
+        ccs->params_are_float = cs.params.is_float();
         if (ccs->params_are_float)
-          ccs->float_params.assign(cs.params.begin(), cs.params.end());
+          ccs->float_params = cs.params.floats();
         else
-          ccs->params = cs.params;
+          ccs->params = cs.params.doubles();
         std::vector<unsigned> tiles;
         tiles.reserve(ccs->vertices.size());
         for (const auto& rt : ccs->vertices) tiles.push_back(rt.tile);
@@ -329,7 +368,15 @@ Engine::Node Engine::compile(const Program& p) {
       node.index = compute_sets_.size();
       compiled_compute_sets_.emplace(p.compute_set(), node.index);
       compute_sets_.push_back(std::move(ccs));
-      if (releasable_ != nullptr) releasable_->release_vertex_tables(p.compute_set());
+      if (releasable_ != nullptr) {
+        released_bytes_ += cs.vertices.capacity() * sizeof(VertexRecord) +
+                           cs.entries.capacity() * sizeof(RegionEntry) +
+                           cs.field_ends.capacity() * sizeof(std::uint32_t);
+        releasable_->release_vertex_tables(p.compute_set());
+        // The freed tables are spread over the heap, between what the engine allocates:
+        // give their pages back as they come, or the rank's peak holds both.
+        if (released_bytes_ >= (std::size_t{64} << 20)) release_free_heap(), released_bytes_ = 0;
+      }
       break;
     }
     case Program::Kind::copy: {
@@ -490,7 +537,7 @@ Engine::Node Engine::compile(const Program& p) {
       for (const auto& tr : ex->transfers) written.add(ex->base + tr.dst, tr.dst_span());
       written.seal();
       if (!reads_any(*ex, written)) {
-        std::vector<std::size_t> order;
+        std::vector<std::uint32_t> order;
         ex->tile_begin = group_by(dst_tiles, arch.tiles, order);
         if (!std::is_sorted(dst_tiles.begin(), dst_tiles.end())) {  // else already grouped
           std::vector<CompiledExchange::Transfer> grouped;
@@ -669,8 +716,8 @@ void Engine::chain_tile_steps(Node& sequence) const {
         Node chain;
         std::vector<unsigned> roots(tiles);
         for (unsigned t = 0; t < tiles; ++t) roots[t] = groups.find(t);
-        std::vector<std::size_t> order;
-        const std::vector<std::size_t> begin = group_by(roots, tiles, order);
+        std::vector<std::uint32_t> order;
+        const std::vector<std::uint32_t> begin = group_by(roots, tiles, order);
         // Tiles with nothing to do in any step are left out, so that the threads' equal shares
         // of the groups are equal shares of the work.
         std::vector<bool> busy(tiles, false);

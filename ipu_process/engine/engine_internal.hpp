@@ -28,19 +28,68 @@ struct Engine::CompiledComputeSet {
   };
   // A region as the run table keeps it, 8 bytes: its offset in the tile memory block, its
   // element count and dtype (a region lies on one tile: far fewer than 2^28 elements). The
-  // regions of a vertex become Regions only while it runs.
+  // regions of a vertex become Regions only while it runs. A field's consecutive regions of
+  // one size and dtype at a constant distance in tile memory are one entry marked kRepeated
+  // and a second entry holding their count (in `offset`) and the distance in bytes (in
+  // `elements_and_dtype`, as int32), as RegionEntry does in the graph.
   struct PackedRegion {
     static constexpr std::uint32_t kNull = UINT32_MAX;  // no tile memory (an empty region)
+    static constexpr std::uint32_t kRepeated = 8;       // in the dtype bits: a count follows
     std::uint32_t offset = kNull;
-    std::uint32_t elements_and_dtype = 0;  // elements << 4 | dtype
+    std::uint32_t elements_and_dtype = 0;  // elements << 4 | dtype (| kRepeated)
     Region unpack(std::byte* base) const {
       return {offset == kNull ? nullptr : base + offset, elements_and_dtype >> 4,
-              static_cast<DType>(elements_and_dtype & 15U)};
+              static_cast<DType>(elements_and_dtype & 7U)};
     }
   };
   std::vector<PackedRegion> regions;
-  // Field k (over the whole compute set) holds regions[field_ends[k - 1] .. field_ends[k]).
+  // Field k (over the whole compute set) holds the regions of entries regions[field_ends[k -
+  // 1] .. field_ends[k]).
   std::vector<std::uint32_t> field_ends;
+
+  // Appends a region of a field to `table`, as a repeat of the field's last entry (index
+  // `last`, kNoEntry when the field has none yet) when it continues one.
+  static constexpr std::size_t kNoEntry = ~std::size_t{0};
+  static void add_region(std::vector<PackedRegion>& table, std::size_t& last, PackedRegion r) {
+    if (last != kNoEntry && r.offset != PackedRegion::kNull &&
+        table[last].offset != PackedRegion::kNull &&
+        (table[last].elements_and_dtype & ~PackedRegion::kRepeated) == r.elements_and_dtype) {
+      PackedRegion& first = table[last];
+      if ((first.elements_and_dtype & PackedRegion::kRepeated) != 0) {
+        PackedRegion& repeat = table[last + 1];
+        const auto stride = std::int64_t{static_cast<std::int32_t>(repeat.elements_and_dtype)};
+        if (std::int64_t{first.offset} + std::int64_t{repeat.offset} * stride == r.offset) {
+          ++repeat.offset;
+          return;
+        }
+      } else {
+        const std::int64_t stride = std::int64_t{r.offset} - std::int64_t{first.offset};
+        if (stride >= INT32_MIN && stride <= INT32_MAX) {
+          first.elements_and_dtype |= PackedRegion::kRepeated;
+          table.push_back({2, static_cast<std::uint32_t>(static_cast<std::int32_t>(stride))});
+          return;
+        }
+      }
+    }
+    last = table.size();
+    table.push_back(r);
+  }
+
+  // Calls f(region) for each region of entries [begin, end).
+  template <class F>
+  void for_each_in(std::size_t begin, std::size_t end, F&& f) const {
+    for (std::size_t e = begin; e < end; ++e) {
+      Region r = regions[e].unpack(base);
+      if ((regions[e].elements_and_dtype & PackedRegion::kRepeated) == 0) {
+        f(r);
+        continue;
+      }
+      const PackedRegion& repeat = regions[++e];
+      const auto stride =
+          static_cast<std::ptrdiff_t>(static_cast<std::int32_t>(repeat.elements_and_dtype));
+      for (std::uint32_t i = 0; i < repeat.offset; ++i, r.data += stride) f(r);
+    }
+  }
   std::byte* base = nullptr;  // the tile memory block
   // The vertices' parameters: as float32 when every one of the compute set is a float32 value
   // (sizes, offsets, flags: most are), else as they are.
@@ -50,16 +99,14 @@ struct Engine::CompiledComputeSet {
   std::vector<VertexRuntime> vertices;
 
   // The vertices of tile t are by_tile[tile_begin[t] .. tile_begin[t + 1]), in graph order.
-  std::vector<std::size_t> tile_begin, by_tile;
+  std::vector<std::uint32_t> tile_begin, by_tile;
   std::uint64_t cycles = 0;  // max over tiles of the busiest worker
 
   // Calls f(data, bytes) for each region of each vertex.
   template <class F>
   void for_each_region(F&& f) const {
-    for (const PackedRegion& packed : regions) {
-      const Region r = packed.unpack(base);
-      f(r.data, std::size_t{r.elements} * dtype_size(r.dtype));
-    }
+    for_each_in(0, regions.size(),
+                [&](const Region& r) { f(r.data, std::size_t{r.elements} * dtype_size(r.dtype)); });
   }
 
   // Vertex i of the compute set's `run`-th execution in the engine's life (keys stochastic
@@ -68,17 +115,21 @@ struct Engine::CompiledComputeSet {
     const VertexRuntime& v = vertices[i];
     // The vertex's fields as Regions, in per-thread scratch.
     thread_local std::vector<Region> unpacked;
+    thread_local std::vector<std::size_t> field_starts;
     thread_local std::vector<std::span<const Region>> vertex_fields;
-    const std::size_t first = v.field_begin == 0 ? 0 : field_ends[v.field_begin - 1];
-    const std::size_t last = field_ends[v.field_begin + v.field_count - 1];
-    unpacked.resize(last - first);
-    for (std::size_t r = first; r < last; ++r) unpacked[r - first] = regions[r].unpack(base);
-    vertex_fields.resize(v.field_count);
-    for (std::size_t f = 0, at = first; f < v.field_count; ++f) {
-      const std::size_t end = field_ends[v.field_begin + f];
-      vertex_fields[f] = std::span<const Region>(unpacked.data() + (at - first), end - at);
-      at = end;
+    unpacked.clear();
+    field_starts.resize(v.field_count + 1);
+    for (std::size_t f = 0; f < v.field_count; ++f) {
+      const std::size_t k = v.field_begin + f;
+      field_starts[f] = unpacked.size();
+      for_each_in(k == 0 ? 0 : field_ends[k - 1], field_ends[k],
+                  [](const Region& r) { unpacked.push_back(r); });
     }
+    field_starts[v.field_count] = unpacked.size();
+    vertex_fields.resize(v.field_count);
+    for (std::size_t f = 0; f < v.field_count; ++f)
+      vertex_fields[f] = std::span<const Region>(unpacked.data() + field_starts[f],
+                                                 field_starts[f + 1] - field_starts[f]);
     std::span<const double> vertex_params;
     if (params_are_float) {
       thread_local std::vector<double> widened;
@@ -238,7 +289,7 @@ struct Engine::CompiledExchange {
   std::vector<std::uint32_t> sources;  // the gathers' rows' source offsets
   std::vector<Row> rows;               // the lists' rows
   std::byte* base = nullptr;           // the tile memory block
-  std::vector<std::size_t> tile_begin;
+  std::vector<std::uint32_t> tile_begin;
   std::uint64_t cycles = 0;
 
   // Once the transfers are in their final order: runs of rows that fill a destination one

@@ -272,8 +272,9 @@ class LivenessWalk {
             const bool output = f < codelet.fields.size() &&
                                 std::find(codelet.outputs.begin(), codelet.outputs.end(),
                                           codelet.fields[f]) != codelet.outputs.end();
-            for (const FieldRegion& r : cs.field(v, f))
+            cs.for_each_region(v, f, [&](const FieldRegion& r) {
               access(r.var, r.offset, r.offset + r.elements, output);
+            });
           }
         }
         break;

@@ -143,8 +143,9 @@ void IpuRole::compile() {
                                .available_memory_proportion = config_.available_memory_proportion,
                                .half_partials = config_.partials_type == "half"},
                               &eval_model_);
+  // The engine takes the programs: their copy runs go once it has compiled its exchanges.
   engine_.emplace(
-      *compiled_.graph, compiled_.programs,
+      *compiled_.graph, std::move(compiled_.programs),
       ipu::EngineOptions{.allow_out_of_memory = config_.allow_out_of_memory,
                          .threads = 1,
                          .trace_events = config_.trace_events,
@@ -152,7 +153,7 @@ void IpuRole::compile() {
                                                             ? ipu::Rounding::stochastic
                                                             : ipu::Rounding::nearest_even,
                                             .seed = config_.seed}},
-      ipu::Engine::ReleaseVertexTables{});
+      ipu::Engine::ReleaseGraphTables{});
 #if defined(__GLIBC__)
   // The graph's vertex tables and the lowering's working sets are freed but stay resident in
   // the heap's free lists; give those pages back before the run touches its tile memory.

@@ -112,6 +112,127 @@ TEST(HostMemory, VerticesWithEqualParametersShareOneList) {
   EXPECT_NE(set.vertices[4].first_param, set.vertices[5].first_param);
 }
 
+// A field's regions of one variable and one size at a constant distance (a channel's rows, a
+// block's planes) take two entries in the graph and in the engine, however many there are;
+// the codelet still sees every region, and an irregular one starts a new entry.
+TEST(HostMemory, RegionsAtAConstantDistanceAreOneEntry) {
+  Graph g(ArchPreset::get("tiny"));
+  constexpr std::size_t kPerTile = 32, kRows = 32, kRow = 4, kPitch = 8;
+  const std::size_t kVertices = kPerTile * g.tiles();
+  constexpr std::size_t kX = kRows * kPitch;  // per vertex: 32 rows of 4 of every 8 elements
+  Tensor x = g.add_variable(DType::f32, {kVertices * kX}, "x");
+  Tensor out = g.add_variable(DType::f32, {kVertices * kRow}, "out");
+  g.map_linearly(x, kPerTile * kX);  // vertex v's data on tile v / kPerTile
+  g.map_linearly(out, kPerTile * kRow);
+  for (const Tensor& t : {x, out}) g.set_host_access(t);
+  const ComputeSetId cs = g.add_compute_set("sum");
+  for (std::size_t v = 0; v < kVertices; ++v) {
+    std::vector<Tensor> rows;
+    std::vector<double> params = {1.0};  // scale, then each region's offset in out
+    for (std::size_t r = 0; r < kRows; ++r) {
+      rows.push_back(x.slice(v * kX + r * kPitch, v * kX + r * kPitch + kRow));
+      params.push_back(0.0);
+    }
+    rows.push_back(x.slice(v * kX + 1, v * kX + 3));  // another size: its own entry
+    params.push_back(1.0);
+    g.add_vertex(cs, Vertex{"SumRegions",
+                            static_cast<unsigned>(v / kPerTile),
+                            {rows, {out.slice(v * kRow, (v + 1) * kRow)}},
+                            params});
+  }
+  g.shrink_to_fit();
+  const ComputeSet& set = g.compute_sets()[cs];
+  // Per vertex: the rows (2 entries), the odd region (1), the output (1).
+  EXPECT_EQ(set.entries.size(), kVertices * 4);
+  EXPECT_EQ(set.region_count, kVertices * (kRows + 2));
+  std::vector<FieldRegion> seen;
+  set.for_each_region(set.vertices[5], 0, [&](const FieldRegion& r) { seen.push_back(r); });
+  ASSERT_EQ(seen.size(), kRows + 1);
+  for (std::size_t r = 0; r < kRows; ++r) {
+    EXPECT_EQ(seen[r].offset, 5 * kX + r * kPitch) << r;
+    EXPECT_EQ(seen[r].elements, kRow) << r;
+  }
+  EXPECT_EQ(seen[kRows].offset, 5 * kX + 1);
+  EXPECT_EQ(seen[kRows].elements, 2u);
+
+  std::map<std::string, Program> programs{{"p", Program::execute(cs)}};
+  const long long before = live_bytes;
+  Engine e(g, std::move(programs));
+  // 4 entries of 8 bytes, 2 field ends, a vertex's run record, its place in the tile's list:
+  // ~76 bytes for 34 regions (8 bytes each without repeats: 272 for the regions alone).
+  const double per_vertex =
+      static_cast<double>(live_bytes - before) / static_cast<double>(kVertices);
+  EXPECT_LE(per_vertex, 120.0) << "the engine's host bytes per vertex of 34 regions";
+
+  std::vector<float> values(kVertices * kX);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 97) * 0.25f;
+  e.write(x, std::as_bytes(std::span(values)));
+  e.run("p");
+  const auto bytes = e.read(out);
+  std::vector<float> got(kVertices * kRow);
+  std::memcpy(got.data(), bytes.data(), bytes.size());
+  for (std::size_t v = 0; v < kVertices; ++v)
+    for (std::size_t j = 0; j < kRow; ++j) {
+      float want = 0.f;
+      for (std::size_t r = 0; r < kRows; ++r) want += values[v * kX + r * kPitch + j];
+      if (j == 1 || j == 2) want += values[v * kX + j];
+      ASSERT_EQ(got[v * kRow + j], want) << v << ", " << j;
+    }
+}
+
+// Parameters are kept as float32 while every value is exactly one, and widen, bit for bit,
+// from the first that is not.
+TEST(HostMemory, ParametersAreFloat32UntilOneIsNot) {
+  ParamTable t;
+  const std::vector<double> exact = {1.0, -0.0, 3.5, 65536.0}, inexact = {0.1};
+  t.append(exact);
+  EXPECT_TRUE(t.is_float());
+  EXPECT_EQ(t.floats().size(), 4u);
+  EXPECT_TRUE(t.holds(0, exact));
+  EXPECT_FALSE(t.holds(0, std::vector<double>{1.0, 0.0}));  // -0.0 is not 0.0
+  t.append(inexact);
+  EXPECT_FALSE(t.is_float());
+  ASSERT_EQ(t.size(), 5u);
+  EXPECT_TRUE(t.holds(0, exact));
+  EXPECT_EQ(std::bit_cast<std::uint64_t>(t[4]), std::bit_cast<std::uint64_t>(0.1));
+}
+
+// A training rank's engine (ReleaseGraphTables) frees the graph's vertex tables and the tile
+// mappings the host cannot use; the host still reads and writes what it may, and it runs alike.
+TEST(HostMemory, ATrainingEngineKeepsOnlyTheMappingsTheHostUses) {
+  Graph g(ArchPreset::get("tiny"));
+  Tensor x = g.add_variable(DType::f32, {256}, "x"), tmp = g.add_variable(DType::f32, {256}, "tmp");
+  Tensor out = g.add_variable(DType::f32, {256}, "out");
+  for (const Tensor& t : {x, tmp, out}) g.map_linearly(t, 8);
+  g.set_host_access(x);
+  g.set_host_access(out);
+  const auto add = [&](const Tensor& a, const Tensor& b, const Tensor& c) {
+    const ComputeSetId cs = g.add_compute_set("add");
+    for (unsigned tile = 0; tile < g.tiles(); ++tile)
+      g.add_vertex(cs, Vertex{"Add",
+                              tile,
+                              {{a.slice(8 * tile, 8 * tile + 8)},
+                               {b.slice(8 * tile, 8 * tile + 8)},
+                               {c.slice(8 * tile, 8 * tile + 8)}},
+                              {1.0, 1.0}});
+    return Program::execute(cs);
+  };
+  Program p = Program::sequence({add(x, x, tmp), add(tmp, x, out)});
+  Engine e(g, {{"p", p}}, EngineOptions{}, Engine::ReleaseGraphTables{});
+  EXPECT_FALSE(g.variable(x.variable()).mapping.empty());
+  EXPECT_FALSE(g.variable(out.variable()).mapping.empty());
+  EXPECT_TRUE(g.variable(tmp.variable()).mapping.empty());
+  EXPECT_TRUE(g.compute_sets()[0].vertices.empty());
+  std::vector<float> values(256);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  for (int run = 0; run < 2; ++run) {
+    e.write_values(x, values);
+    e.run("p");
+    const std::vector<float> got = e.read_values(out);
+    for (std::size_t i = 0; i < values.size(); ++i) ASSERT_EQ(got[i], 3.f * values[i]) << i;
+  }
+}
+
 // A copy of many small pairs between two variables keeps one run per pair that neither
 // continues the run before it nor repeats its shape at its strides (here pairs at irregular
 // offsets), tens of bytes each; pairs at regular strides (every other element: a block of
