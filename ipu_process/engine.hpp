@@ -175,7 +175,6 @@ class Engine {
 
   void allocate_memory(const std::map<std::string, Program>& programs);
   void release_mappings();  // of the variables the host cannot access (see ReleaseGraphTables)
-  static void release_free_heap();  // gives freed heap pages back to the system (glibc)
   void account(const char* category, std::uint64_t CycleBreakdown::*field, std::uint64_t cycles,
                const std::string& name);
   bool predicate(const Node& node) const;
@@ -207,8 +206,7 @@ class Engine {
          EngineOptions options);
 
   const Graph& graph_;
-  Graph* releasable_ = nullptr;     // the graph whose vertex tables go once compiled
-  std::size_t released_bytes_ = 0;  // of its tables, since the heap was last trimmed
+  Graph* releasable_ = nullptr;  // the graph whose vertex tables go once compiled
   EngineOptions options_;
   MemoryReport memory_;
   // The memory of every tile, in one block of host memory (see allocate_memory).

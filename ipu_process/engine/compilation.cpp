@@ -5,9 +5,6 @@
 #include <map>
 #include <numeric>
 #include <unordered_map>
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
 
 #include "ipu_process/engine.hpp"
 #include "ipu_process/engine/engine_internal.hpp"
@@ -211,19 +208,12 @@ Engine::Engine(const Graph& graph, Graph* releasable, std::map<std::string, Prog
         "an engine that can run needs the vertices' parameters, which this graph dropped "
         "(Graph::drop_vertex_params): build it with executable = false, or keep them");
   allocate_memory(programs);
-  if (releasable_ != nullptr) release_free_heap();  // the memory plan's working sets
   for (auto& [name, program] : programs)
     programs_.emplace(name, std::make_unique<Node>(compile(program)));
   if (releasable_ != nullptr && options_.executable) {
     programs.clear();  // the copy runs, where the caller gave the engine the only copy
     release_mappings();
   }
-}
-
-void Engine::release_free_heap() {
-#if defined(__GLIBC__)
-  malloc_trim(0);
-#endif
 }
 
 void Engine::release_mappings() {
@@ -368,15 +358,7 @@ Engine::Node Engine::compile(const Program& p) {
       node.index = compute_sets_.size();
       compiled_compute_sets_.emplace(p.compute_set(), node.index);
       compute_sets_.push_back(std::move(ccs));
-      if (releasable_ != nullptr) {
-        released_bytes_ += cs.vertices.capacity() * sizeof(VertexRecord) +
-                           cs.entries.capacity() * sizeof(RegionEntry) +
-                           cs.field_ends.capacity() * sizeof(std::uint32_t);
-        releasable_->release_vertex_tables(p.compute_set());
-        // The freed tables are spread over the heap, between what the engine allocates:
-        // give their pages back as they come, or the rank's peak holds both.
-        if (released_bytes_ >= (std::size_t{64} << 20)) release_free_heap(), released_bytes_ = 0;
-      }
+      if (releasable_ != nullptr) releasable_->release_vertex_tables(p.compute_set());
       break;
     }
     case Program::Kind::copy: {
