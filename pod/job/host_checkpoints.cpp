@@ -215,8 +215,8 @@ std::deque<std::string> prepare_checkpoint_directory(const TrainConfig& c, const
     return step;
   };
   const auto temporary = [&](std::string_view name) {
-    for (const std::string_view report :
-         {"summary.json.tmp", "metrics.csv.tmp", "memory.json.tmp", "trace.json.tmp"})
+    for (const std::string_view report : {"summary.json.tmp", "metrics.csv.tmp", "memory.json.tmp",
+                                          "trace.json.tmp", "stopped.txt.tmp"})
       if (name == report) return true;
     return checkpoint_step(name, ".h5.tmp").has_value() ||
            checkpoint_step(name, ".metrics.json.tmp").has_value();

@@ -425,7 +425,11 @@ int HostRole::finish_stopped() {
     message << "no checkpoint holds this point, so the run cannot be continued; train with "
                "--checkpoint-every N to be able to resume after a stop";
   }
+  // Under mpirun, a SIGTERM or SIGINT has stopped the relay of the ranks' output (the stop
+  // made it non-blocking: stop_signal.cpp), so the notice is kept in the run directory too.
+  std::cerr.clear();
   std::cerr << message.str() << std::endl;
+  write_file_atomically(c_.run_dir, "stopped.txt", message.str() + "\n");
   stopping_ = true;
   server_->close();
   join_feeders();
@@ -561,6 +565,7 @@ void HostRole::write_run_files(const FinalReports& reports) {
                             {"replica_weights_identical", reports.identical}};
   for (const auto& [name, value] : last.scores) summary[name] = value;
   summary["ipu_ranks_host_memory"] = host_memory_of_ranks(reports.memory);
+  std::filesystem::remove(std::filesystem::path(c_.run_dir) / "stopped.txt");  // a resumed stop's
   write_file_atomically(c_.run_dir, "summary.json", summary.dump(2) + "\n");
   write_file_atomically(c_.run_dir, "metrics.csv", csv_.str());
   write_file_atomically(c_.run_dir, "memory.json", reports.memory.dump(1) + "\n");

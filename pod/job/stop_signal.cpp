@@ -1,8 +1,13 @@
-// Stop signals: the handler stores the signal number in a lock-free atomic and does nothing else
-// (the only async-signal-safe thing to do); the ranks look at it at step boundaries.
+// Stop signals: the handler stores the signal number in a lock-free atomic and makes the rank's
+// standard output and error non-blocking (fcntl is async-signal-safe); the ranks look at the
+// signal at step boundaries.
 #include "pod/job/stop_signal.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstring>
 
@@ -14,6 +19,16 @@ static_assert(std::atomic<int>::is_always_lock_free);
 
 extern "C" void record_stop_signal(int signal) {
   g_signal.store(signal, std::memory_order_relaxed);
+  // mpirun stops reading the ranks' output once it has a SIGTERM or SIGINT, and a rank that
+  // prints into the full pipe (or pty) would block there, never reach the step boundary, and
+  // be killed a second later without its checkpoint. Non-blocking, that write (restarted after
+  // this handler) fails with EAGAIN instead and the stream drops what it cannot pass on; the
+  // stop notice goes to the run directory too. Left so: the rank is about to end.
+  const int saved = errno;
+  for (const int fd : {STDOUT_FILENO, STDERR_FILENO})
+    if (const int flags = fcntl(fd, F_GETFL); flags != -1 && (flags & O_NONBLOCK) == 0)
+      fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  errno = saved;
 }
 
 }  // namespace

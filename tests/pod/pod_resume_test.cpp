@@ -85,6 +85,9 @@ class PodResume : public ::testing::Test {
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   }
 
+  static void stop_and_resume(const std::string& name, int signal, const std::string& told,
+                              bool relayed);
+
   static nlohmann::json summary(const std::string& run_dir) {
     std::ifstream in(dir() / run_dir / "summary.json");
     return nlohmann::json::parse(in);
@@ -512,57 +515,93 @@ TEST_F(PodResume, CheckpointsDoNotGrowWithTheRunLength) {
 // SIGUSR1, as Slurm does before a time limit: mpirun passes it on at once, where it follows a
 // SIGTERM with SIGKILL about a second later, which a loaded machine may not beat. SIGTERM and
 // SIGINT take the same path in the ranks.
-TEST_F(PodResume, StopSignalStopsAtAStepBoundaryWithACheckpointToResumeFrom) {
-  const fs::path log = dir() / "signalled.log";
-  fs::create_directories(dir() / "signalled");
-  const pid_t mpirun = start_train("signalled", "--epochs 400 --checkpoint-every 100", log);
+// The job started under `name`, stopped by `signal` sent to mpirun once it trains: it must stop
+// at a step boundary with a final checkpoint and say so (in the run directory's stopped.txt, and
+// through mpirun when mpirun still relays output: `relayed`); resumed from that checkpoint, it
+// ends bitwise identical to a straight run.
+void PodResume::stop_and_resume(const std::string& name, int signal, const std::string& told,
+                                bool relayed) {
+  const fs::path log = dir() / (name + ".log");
+  fs::create_directories(dir() / name);
+  const pid_t mpirun = start_train(name, "--epochs 4000 --checkpoint-every 100", log);
   ASSERT_GE(mpirun, 0);
-  // Once the first progress line is out, training is under way (400 epochs take much longer
-  // than the stop).
+  // Once a checkpoint file is there, training is under way (4000 epochs take much longer than
+  // the stop); the run directory, not mpirun's relayed output, says so at once.
   int status = 0;
   const auto started = std::chrono::steady_clock::now();
-  while (read_log(log).find("epoch 1/400 step 3/15") == std::string::npos) {
+  const auto any_checkpoint = [&] {
+    for (const auto& entry : fs::directory_iterator(dir() / name))
+      if (entry.path().extension() == ".h5") return true;
+    return false;
+  };
+  while (!any_checkpoint()) {
     ASSERT_EQ(waitpid(mpirun, &status, WNOHANG), 0) << "the job ended early:\n" << read_log(log);
     ASSERT_LT(std::chrono::steady_clock::now() - started, std::chrono::minutes(3)) << read_log(log);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  ASSERT_EQ(kill(mpirun, SIGUSR1), 0);
+  ASSERT_EQ(kill(mpirun, signal), 0);
   const auto signalled = std::chrono::steady_clock::now();
   while (waitpid(mpirun, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() - signalled > std::chrono::seconds(60)) {
+    if (std::chrono::steady_clock::now() - signalled > std::chrono::seconds(90)) {
       kill(mpirun, SIGKILL);
       waitpid(mpirun, &status, 0);
-      FAIL() << "the job did not end within 60 s of SIGUSR1:\n" << read_log(log);
+      FAIL() << "the job did not end within 90 s of the signal:\n" << read_log(log);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   const std::string output = read_log(log);
   ASSERT_TRUE(WIFEXITED(status)) << output;
   EXPECT_NE(WEXITSTATUS(status), 0) << output;
-  const std::string said = "its checkpoint is ";
-  const std::size_t at = output.find(said);
-  ASSERT_NE(at, std::string::npos) << output;
-  EXPECT_NE(output.find("stopped by SIGUSR1 after host step"), std::string::npos) << output;
-  const std::size_t from = at + said.size();
-  const std::string checkpoint = output.substr(from, output.find(". To continue", from) - from);
-  EXPECT_NE(output.find("run the same command with --resume " + checkpoint), std::string::npos)
+  std::ifstream notice_file(dir() / name / "stopped.txt");
+  const std::string notice((std::istreambuf_iterator<char>(notice_file)),
+                           std::istreambuf_iterator<char>());
+  ASSERT_NE(notice.find("ipupod train: stopped by " + told + " after host step"), std::string::npos)
+      << "stopped.txt: " << notice << "\n"
       << output;
-  EXPECT_EQ(output.find("epoch 400/400"), std::string::npos) << "the job was not stopped\n"
-                                                             << output;
+  if (relayed) {
+    EXPECT_NE(output.find(notice), std::string::npos) << output;
+  }
+  const std::string said = "its checkpoint is ";
+  const std::size_t at = notice.find(said);
+  ASSERT_NE(at, std::string::npos) << notice;
+  const std::size_t from = at + said.size();
+  const std::string checkpoint = notice.substr(from, notice.find(". To continue", from) - from);
+  EXPECT_NE(notice.find("run the same command with --resume " + checkpoint), std::string::npos)
+      << notice;
+  ASSERT_TRUE(fs::exists(checkpoint)) << notice;
+  EXPECT_FALSE(fs::exists(dir() / name / "summary.json")) << "the job was not stopped\n" << output;
 
   // Resumed to the end of the epoch it stopped in (the learning rate is constant, so --epochs
-  // may change), it ends bitwise identical to a straight run of that many epochs.
+  // may change), it ends bitwise identical to a straight run of that many epochs, and the
+  // notice of the stop is gone from the run directory it finished in.
   const auto state = nlohmann::json::parse(ipupod::host::load_checkpoint(checkpoint).state_json);
   const std::size_t epochs = state.at("epoch").get<std::size_t>() + 1;
   const std::string until = "--epochs " + std::to_string(epochs) + " --checkpoint-every 100";
-  const Result resumed = train("signal-resumed", until + " --resume " + checkpoint);
+  const Result resumed = train(name, until + " --resume " + checkpoint);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  const Result straight = train("signal-straight", until);
+  EXPECT_FALSE(fs::exists(dir() / name / "stopped.txt"));
+  const Result straight = train(name + "-straight", until);
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
-  char name[64];
-  std::snprintf(name, sizeof name, "checkpoint-%06zu.h5", epochs * 15);
-  expect_same_tensors(dir() / "signal-straight" / name, dir() / "signal-resumed" / name);
-  expect_same_metrics("signal-straight", "signal-resumed");
+  char file[64];
+  std::snprintf(file, sizeof file, "checkpoint-%06zu.h5", epochs * 15);
+  expect_same_tensors(dir() / (name + "-straight") / file, dir() / name / file);
+  expect_same_metrics(name + "-straight", name);
+}
+
+// SIGUSR1 (what Slurm's --signal sends) mpirun passes on and leaves the ranks to finish.
+TEST_F(PodResume, StopSignalStopsAtAStepBoundaryWithACheckpointToResumeFrom) {
+  stop_and_resume("signalled", SIGUSR1, "SIGUSR1", true);
+}
+
+// SIGTERM or SIGINT to mpirun: it sends the ranks SIGCONT, SIGTERM odls_base_sigkill_timeout
+// seconds later (1 by default; 3 here, for a loaded machine's checkpoint fsync) and SIGKILL after
+// as long again, and it stops relaying their output: a rank printing into the unread pipe must
+// still reach the step boundary and its checkpoint.
+TEST_F(PodResume, SigtermOrSigintToMpirunStopsWithACheckpointToo) {
+  ASSERT_EQ(setenv("OMPI_MCA_odls_base_sigkill_timeout", "3", 1), 0);
+  stop_and_resume("terminated", SIGTERM, "SIGTERM", false);
+  stop_and_resume("interrupted", SIGINT, "SIGTERM", false);  // mpirun passes on a SIGTERM
+  unsetenv("OMPI_MCA_odls_base_sigkill_timeout");
 }
 
 }  // namespace
