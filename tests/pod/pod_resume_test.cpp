@@ -88,6 +88,30 @@ class PodResume : public ::testing::Test {
   static void stop_and_resume(const std::string& name, int signal, const std::string& told,
                               bool relayed);
 
+  // Waits until the job `mpirun` has written a checkpoint file into run directory `name` (the
+  // directory says so at once, where mpirun relays output late); false, with the reason added,
+  // when the job ended first or wrote none within 2 minutes (then it is killed).
+  static ::testing::AssertionResult wait_for_checkpoint_file(pid_t mpirun, const std::string& name,
+                                                             const fs::path& log) {
+    const auto started = std::chrono::steady_clock::now();
+    for (;;) {
+      if (fs::exists(dir() / name))
+        for (const auto& entry : fs::directory_iterator(dir() / name))
+          if (entry.path().extension() == ".h5") return ::testing::AssertionSuccess();
+      int status = 0;
+      if (waitpid(mpirun, &status, WNOHANG) != 0)
+        return ::testing::AssertionFailure() << "the job ended before a checkpoint:\n"
+                                             << read_log(log);
+      if (std::chrono::steady_clock::now() - started > std::chrono::minutes(2)) {
+        kill(mpirun, SIGKILL);
+        waitpid(mpirun, &status, 0);
+        return ::testing::AssertionFailure() << "no checkpoint within 2 minutes:\n"
+                                             << read_log(log);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+
   static nlohmann::json summary(const std::string& run_dir) {
     std::ifstream in(dir() / run_dir / "summary.json");
     return nlohmann::json::parse(in);
@@ -405,13 +429,29 @@ std::string running_ranks(const std::map<int, pid_t>& pids) {
 // with a message; resumed from the newest checkpoint it left (in the same directory, so torn
 // temporary files are met too), it must end bitwise identical to a run never killed.
 TEST_F(PodResume, KilledRanksEndTheJobPromptlyAndResumingEndsIdentically) {
-  const std::string options = "--epochs 2 --checkpoint-every 2 --checkpoint-keep 2";
-  const Result straight = train("fault-straight", options);
-  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  // 90 host steps, a checkpoint every 2: the straight run says how long the job trains after
+  // its first checkpoint, and each kill comes at a random point of that time.
+  const std::string options = "--epochs 6 --checkpoint-every 2 --checkpoint-keep 2";
+  const std::string last = "checkpoint-000090.h5";
+  const fs::path straight_log = dir() / "fault-straight.log";
+  const pid_t straight = start_train("fault-straight", options, straight_log);
+  ASSERT_GE(straight, 0);
+  int straight_status = 0;
+  ASSERT_TRUE(wait_for_checkpoint_file(straight, "fault-straight", straight_log));
+  const auto first_checkpoint = std::chrono::steady_clock::now();
+  waitpid(straight, &straight_status, 0);
+  const auto training = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - first_checkpoint);
+  ASSERT_TRUE(WIFEXITED(straight_status) && WEXITSTATUS(straight_status) == 0)
+      << read_log(straight_log);
+  std::cout << "the straight run trained " << training.count() << " ms after its first checkpoint"
+            << std::endl;
   std::mt19937 rng(20);
+  int resumed_runs = 0;
   for (int trial = 0; trial < 3; ++trial) {
     const int rank = trial < 2 ? trial : static_cast<int>(rng() % 3);  // the host, an IPU, either
-    const auto delay = std::chrono::milliseconds(rng() % 400);
+    const auto delay = std::chrono::milliseconds(
+        rng() % std::max<std::uint64_t>(1, static_cast<std::uint64_t>(training.count()) * 4 / 5));
     const std::string name = "fault-" + std::to_string(trial);
     SCOPED_TRACE(name + ": SIGKILL to rank " + std::to_string(rank) + " " +
                  std::to_string(delay.count()) + " ms after the first checkpoint");
@@ -431,22 +471,7 @@ TEST_F(PodResume, KilledRanksEndTheJobPromptlyAndResumingEndsIdentically) {
       }
       return status;
     };
-    const auto started = std::chrono::steady_clock::now();
-    bool ended_early = false;
-    while (read_log(log).find("  checkpoint ") == std::string::npos) {
-      int status = 0;
-      if (waitpid(mpirun, &status, WNOHANG) != 0) {
-        ended_early = true;
-        break;
-      }
-      if (std::chrono::steady_clock::now() - started > std::chrono::minutes(2)) {
-        kill(mpirun, SIGKILL);
-        waitpid(mpirun, &status, 0);
-        FAIL() << "no checkpoint within 2 minutes:\n" << read_log(log);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    ASSERT_FALSE(ended_early) << read_log(log);
+    ASSERT_TRUE(wait_for_checkpoint_file(mpirun, name, log));
     std::this_thread::sleep_for(delay);
     const std::map<int, pid_t> pids = rank_pids(mpirun);
     // On a fast machine the job may be ending already (its ranks gone, or going): then it must
@@ -488,14 +513,16 @@ TEST_F(PodResume, KilledRanksEndTheJobPromptlyAndResumingEndsIdentically) {
       if (file.starts_with("checkpoint-") && file.ends_with(".h5") && file > newest) newest = file;
     }
     ASSERT_FALSE(newest.empty()) << output;
-    if (newest == "checkpoint-000030.h5") continue;  // killed after the last one: nothing to do
+    if (newest == last) continue;  // killed after the last one: nothing to do
     std::cout << name << ": resuming from " << newest << std::endl;
     const Result resumed = train(name, options + " --resume " + (dir() / name / newest).string());
     ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-    expect_same_tensors(dir() / "fault-straight" / "checkpoint-000030.h5",
-                        dir() / name / "checkpoint-000030.h5");
+    expect_same_tensors(dir() / "fault-straight" / last, dir() / name / last);
     expect_same_metrics("fault-straight", name);
+    ++resumed_runs;
   }
+  // Kills drawn from the run's own length land mid-run: a test that never resumed tested nothing.
+  EXPECT_GE(resumed_runs, 1) << "every kill came after the job's last checkpoint";
 }
 
 // The running figures live beside the checkpoints, so a checkpoint's size does not grow with
@@ -509,12 +536,9 @@ TEST_F(PodResume, CheckpointsDoNotGrowWithTheRunLength) {
       << "checkpoint sizes " << first << " and " << last << " bytes";
 }
 
-// A stop signal to mpirun (which passes it on to every rank) stops the job at the next step
-// boundary with a final checkpoint, a message that says how to continue, and a non-zero exit
-// code; the run resumed from that checkpoint ends as a run never stopped. The test sends
-// SIGUSR1, as Slurm does before a time limit: mpirun passes it on at once, where it follows a
-// SIGTERM with SIGKILL about a second later, which a loaded machine may not beat. SIGTERM and
-// SIGINT take the same path in the ranks.
+// A stop signal to mpirun stops the job at the next step boundary with a final checkpoint, a
+// message that says how to continue, and a non-zero exit code; the run resumed from that
+// checkpoint ends as a run never stopped.
 // The job started under `name`, stopped by `signal` sent to mpirun once it trains: it must stop
 // at a step boundary with a final checkpoint and say so (in the run directory's stopped.txt, and
 // through mpirun when mpirun still relays output: `relayed`); resumed from that checkpoint, it
@@ -526,19 +550,9 @@ void PodResume::stop_and_resume(const std::string& name, int signal, const std::
   const pid_t mpirun = start_train(name, "--epochs 4000 --checkpoint-every 100", log);
   ASSERT_GE(mpirun, 0);
   // Once a checkpoint file is there, training is under way (4000 epochs take much longer than
-  // the stop); the run directory, not mpirun's relayed output, says so at once.
+  // the stop).
+  ASSERT_TRUE(wait_for_checkpoint_file(mpirun, name, log));
   int status = 0;
-  const auto started = std::chrono::steady_clock::now();
-  const auto any_checkpoint = [&] {
-    for (const auto& entry : fs::directory_iterator(dir() / name))
-      if (entry.path().extension() == ".h5") return true;
-    return false;
-  };
-  while (!any_checkpoint()) {
-    ASSERT_EQ(waitpid(mpirun, &status, WNOHANG), 0) << "the job ended early:\n" << read_log(log);
-    ASSERT_LT(std::chrono::steady_clock::now() - started, std::chrono::minutes(3)) << read_log(log);
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
   ASSERT_EQ(kill(mpirun, signal), 0);
   const auto signalled = std::chrono::steady_clock::now();
   while (waitpid(mpirun, &status, WNOHANG) == 0) {
