@@ -10,7 +10,18 @@
 #include <stdexcept>
 #include <vector>
 
+#include "cli_checks/option_checks.hpp"
+
 namespace ipupod::pod {
+
+using cli::finite_number;
+using cli::whole_number;
+
+// Bounds of the benchmarks' counts, checked on the option's text (cli_checks): sizes and samples,
+// repetitions and look-ahead depths, threads and clients.
+inline constexpr std::uint64_t kMaxBenchCount = 2147483647;
+inline constexpr std::uint64_t kMaxBenchRounds = 1000000;
+inline constexpr std::uint64_t kMaxBenchThreads = 4096;
 
 // Seconds from `start` to now on the steady clock.
 inline double seconds_since(std::chrono::steady_clock::time_point start) {

@@ -461,36 +461,48 @@ void add_host_bench(CLI::App& bench, int& exit_code) {
   host->add_option("--split", options->split, "Split to stream: train or test")
       ->capture_default_str();
   host->add_option("--clients", options->clients, "IPU clients (replicas), one TCP stream each")
+      ->check(whole_number(1, kMaxBenchThreads))
       ->capture_default_str();
   host->add_option("--samples-per-step", options->samples_per_step,
                    "Samples per replica per host step (micro-batch x accumulation x iterations)")
+      ->check(whole_number(1, kMaxBenchCount))
       ->capture_default_str();
   host->add_option("--prefetch-steps", options->prefetch_steps,
                    "Host steps the loader reads ahead (0: synchronous reads)")
+      ->check(whole_number(0, kMaxBenchRounds))
       ->capture_default_str();
   host->add_option("--reader-threads", options->reader_threads,
                    "Loader threads reading steps ahead (with --prefetch-steps > 0)")
+      ->check(whole_number(1, kMaxBenchThreads))
       ->capture_default_str();
   host->add_option("--max-memory-mb", options->max_memory_mb,
                    "Preload the split's pages in file order at the loader's start if they take at "
                    "most this many MiB (default: half of physical memory; 0: fault them in as "
-                   "read)");
+                   "read)")
+      ->check(whole_number(0, std::uint64_t{1} << 40));
   host->add_option("--credits", options->credits, "Frames each client lets the host send ahead")
+      ->check(whole_number(1, kMaxBenchRounds))
       ->capture_default_str();
   host->add_option("--device-ms-per-step", options->device_ms_per_step,
                    "Emulated device time per host step on each client (0: take data only)")
+      ->check(finite_number({.min = 0, .max = 3.6e6}))
       ->capture_default_str();
   host->add_option("--runs", options->runs, "Repetitions; medians are reported")
+      ->check(whole_number(1, kMaxBenchRounds))
       ->capture_default_str();
   host->add_option("--warm-up-epochs", options->warm_up_epochs,
                    "Epochs streamed (and passes read) before the measured one, with the same "
                    "connections, loader and buffers (0: measure the first, set-up included)")
+      ->check(whole_number(0, kMaxBenchRounds))
       ->capture_default_str();
-  host->add_option("--seed", options->seed, "Shuffle seed")->capture_default_str();
+  host->add_option("--seed", options->seed, "Shuffle seed")
+      ->check(whole_number(0))
+      ->capture_default_str();
   host->add_flag("!--no-shuffle", options->shuffle, "Stream each epoch in file order");
   host->add_option("--shuffle-window", options->shuffle_window,
                    "Shuffle in windows of N samples (as `ipupod train --shuffle-window`; 0: the "
                    "whole split)")
+      ->check(whole_number(0, kMaxBenchCount))
       ->capture_default_str();
   host->add_flag("--copy-batches", options->copy_batches,
                  "Copy each batch out of the file before sending it, as for compressed or "

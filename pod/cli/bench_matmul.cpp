@@ -223,24 +223,25 @@ void add_matmul_bench(CLI::App& bench, int& exit_code) {
   CLI::App* cmd = bench.add_subcommand(
       "matmul", "A float32 GEMM on one emulated IPU vs OpenBLAS cblas_sgemm on the same threads");
   cmd->add_option("--m", o->m, "Rows of a and c")
-      ->check(CLI::PositiveNumber)
+      ->check(whole_number(1, kMaxBenchCount))
       ->capture_default_str();
   cmd->add_option("--k", o->k, "Inner dimension")
-      ->check(CLI::PositiveNumber)
+      ->check(whole_number(1, kMaxBenchCount))
       ->capture_default_str();
   cmd->add_option("--n", o->n, "Columns of b and c")
-      ->check(CLI::PositiveNumber)
+      ->check(whole_number(1, kMaxBenchCount))
       ->capture_default_str();
   cmd->add_option("--arch", o->arch, "IPU architecture preset or .json file")
       ->capture_default_str();
   cmd->add_option("--threads", o->threads,
                   "Engine and OpenBLAS threads (0: the host's hardware threads)")
+      ->check(whole_number(0, kMaxBenchThreads))
       ->capture_default_str();
   cmd->add_option("--runs", o->runs, "Timed runs of each; medians are reported")
-      ->check(CLI::PositiveNumber)
+      ->check(whole_number(1, kMaxBenchRounds))
       ->capture_default_str();
   cmd->add_option("--batch", o->batch, "Batch of the ResNet-50 compile-time graph")
-      ->check(CLI::PositiveNumber)
+      ->check(whole_number(1, kMaxBenchCount))
       ->capture_default_str();
   cmd->add_flag("!--no-compile", o->compile, "Skip the ResNet-50 compile-time measurement");
   cmd->callback([o, &exit_code] { exit_code = run_bench([&] { return run_matmul_bench(*o); }); });

@@ -382,13 +382,19 @@ void add_step_bench(CLI::App& bench, int& exit_code) {
       "width 0.125; mlp micro-batch 16 of 1x28x28, hidden 128; AdamW, learning rate 0.001");
   cmd->add_option("--model", o->model, "cnn, hae or mlp")->capture_default_str();
   cmd->add_option("--threads", o->threads, "Engine threads and torch.set_num_threads")
+      ->check(whole_number(1, kMaxBenchThreads))
       ->capture_default_str();
   cmd->add_option("--repeats", o->repeats, "Timed rounds (one step of each); medians reported")
+      ->check(whole_number(1, kMaxBenchRounds))
       ->capture_default_str();
-  cmd->add_option("--warmup", o->warmup, "Untimed rounds first")->capture_default_str();
+  cmd->add_option("--warmup", o->warmup, "Untimed rounds first")
+      ->check(whole_number(0, kMaxBenchRounds))
+      ->capture_default_str();
   cmd->add_option("--micro-batch", o->micro_batch, "Samples per step (0: the model's above)")
+      ->check(whole_number(0, kMaxBenchCount))
       ->capture_default_str();
   cmd->add_option("--width", o->width, "hae: channel width multiplier (0: the model's above)")
+      ->check(finite_number({.min = 0, .max = 64}))
       ->capture_default_str();
   cmd->add_option("--arch", o->arch, "IPU architecture preset or .json file")
       ->capture_default_str();

@@ -21,18 +21,18 @@
 #include "pod/cli/compile_command.hpp"
 #include "pod/cli/estimate_command.hpp"
 #include "pod/cli/info.hpp"
-#include "pod/cli/option_checks.hpp"
+#include "cli_checks/option_checks.hpp"
 #include "pod/config.hpp"
 #include "pod/job/train.hpp"
 
 namespace {
 
-using ipupod::pod::finite_number;
+using ipupod::cli::finite_number;
 using ipupod::pod::kMaxCount;
 using ipupod::pod::kMaxModelMultiplier;
 using ipupod::pod::kMaxTimeoutSeconds;
 using ipupod::pod::TrainConfig;
-using ipupod::pod::whole_number;
+using ipupod::cli::whole_number;
 
 // The options that shape a compiled model, shared by train and compile. Returns
 // --gradient-accumulation, whose default compile changes.

@@ -1,24 +1,41 @@
-// Validators of the numeric options: the option's text, not CLI11's conversion, decides.
-#include "pod/cli/option_checks.hpp"
+// Validators of the numeric options of every ipupod command: a count is a whole decimal number
+// within its bounds and a real number is finite and within its range, checked on the option's
+// text before CLI11 converts it (which would wrap -1 or 2^64 into a huge unsigned).
+// Header-only, for the commands of pod/cli and datasets alike.
+#pragma once
 
+#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 #include <string>
 
-namespace ipupod::pod {
-namespace {
+namespace ipupod::cli {
 
-std::string number_text(double v) {
+// A finite real number in the range from min to max; each end is included unless it is open.
+struct RealRange {
+  double min = 0, max = std::numeric_limits<double>::max();
+  bool min_open = false, max_open = false;
+};
+
+// whole_number(min, max): a whole decimal number in [min, max], rewritten without leading zeros
+// (CLI11 would read "010" as octal). finite_number(range): a finite real number in range.
+
+namespace detail {
+
+inline std::string number_text(double v) {
   std::ostringstream os;
   os << v;
   return os.str();
 }
 
-}  // namespace
+}  // namespace detail
 
-CLI::Validator whole_number(std::uint64_t min, std::uint64_t max) {
+inline CLI::Validator whole_number(
+    std::uint64_t min, std::uint64_t max = std::numeric_limits<std::uint64_t>::max()) {
   const std::string bounds = "[" + std::to_string(min) + ", " + std::to_string(max) + "]";
   return CLI::Validator(
       [min, max, bounds](std::string& text) -> std::string {
@@ -38,11 +55,11 @@ CLI::Validator whole_number(std::uint64_t min, std::uint64_t max) {
       "INT in " + bounds, "whole_number");
 }
 
-CLI::Validator finite_number(RealRange r) {
+inline CLI::Validator finite_number(RealRange r) {
   const std::string range =
-      std::string(r.min_open ? "(" : "[") + number_text(r.min) + ", " +
+      std::string(r.min_open ? "(" : "[") + detail::number_text(r.min) + ", " +
       (r.max == std::numeric_limits<double>::max() ? std::string("inf)")
-                                                   : number_text(r.max) + (r.max_open ? ")" : "]"));
+                                                   : detail::number_text(r.max) + (r.max_open ? ")" : "]"));
   return CLI::Validator(
       [r, range](std::string& text) -> std::string {
         const std::string expected =
@@ -61,4 +78,4 @@ CLI::Validator finite_number(RealRange r) {
       "FLOAT in " + range, "finite_number");
 }
 
-}  // namespace ipupod::pod
+}  // namespace ipupod::cli
