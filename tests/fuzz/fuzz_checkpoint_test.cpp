@@ -83,7 +83,7 @@ TEST(FuzzCheckpoint, DamagedFilesLoadIntactOrAreRefusedWithAReason) {
   const std::string path = dir.file("fuzzed.h5");
   std::size_t refused = 0;
   const std::size_t runs =
-      ipupod::fuzz::fuzz_loop("checkpoint files", 20000, 200, [&](std::size_t, Rng& rng) {
+      ipupod::fuzz::fuzz_loop("checkpoint files", 20000, 2000, [&](std::size_t, Rng& rng) {
         write_bytes(path, ipupod::fuzz::mutate_bytes(a, b, rng));
         try {
           const Checkpoint loaded = ipupod::host::load_checkpoint(path);
@@ -161,7 +161,7 @@ TEST(FuzzCheckpoint, MutatedResumeRecordsResumeOrAreRefusedWithAReason) {
   std::ostringstream quiet;
   std::streambuf* const stdout_buffer = std::cout.rdbuf(quiet.rdbuf());
   std::size_t resumed = 0;
-  ipupod::fuzz::fuzz_loop("resume records", 20000, 20, [&](std::size_t i, Rng& rng) {
+  ipupod::fuzz::fuzz_loop("resume records", 20000, 500, [&](std::size_t i, Rng& rng) {
     nlohmann::json config = seed.config_json, state = seed.state, order = seed.order,
                    metrics = seed.metrics;
     Checkpoint checkpoint = seed.checkpoint;

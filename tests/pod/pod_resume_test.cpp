@@ -525,6 +525,22 @@ TEST_F(PodResume, KilledRanksEndTheJobPromptlyAndResumingEndsIdentically) {
   EXPECT_GE(resumed_runs, 1) << "every kill came after the job's last checkpoint";
 }
 
+// A failure inside the host's training loop, while its feeder threads run (here a directory
+// stands where the host must move checkpoint 4), ends the job through the one error path: the
+// reason printed once, exit 1, never "terminate called" with the reason lost.
+TEST_F(PodResume, AFailureInTheHostsTrainingLoopEndsTheJobWithItsReasonOnce) {
+  fs::create_directories(dir() / "in-the-way" / "checkpoint-000004.h5");
+  const Result r = train("in-the-way", "--epochs 1 --checkpoint-every 2");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const std::string error = "ipupod train: error on rank 0 (host): ";
+  const std::size_t at = r.output.find(error);
+  ASSERT_NE(at, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(error, at + 1), std::string::npos) << "said twice:\n" << r.output;
+  EXPECT_NE(r.output.find("checkpoint-000004.h5", at), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir() / "in-the-way" / "checkpoint-000002.h5"));  // the one before
+}
+
 // The running figures live beside the checkpoints, so a checkpoint's size does not grow with
 // the number of steps trained.
 TEST_F(PodResume, CheckpointsDoNotGrowWithTheRunLength) {
