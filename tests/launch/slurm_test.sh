@@ -186,6 +186,36 @@ if "$source_dir/scripts/scaling/sweep.sh" --collect sweep/r1-s1 sweep/r2-s1 --cs
 else
   check "sweep.sh --collect succeeds" false
 fi
+# What Slurm sends before a time limit (#SBATCH --signal=USR1@120), sent now with scancel: the
+# ranks of the srun step stop at a step boundary with a final checkpoint and say where.
+signal_job=$(IPUPOD_REPLICAS=2 IPUPOD_RUN_DIR=signal-run IPUPOD_EPOCHS=100000 \
+  IPUPOD_TRAIN_ARGS="--hidden 16 --checkpoint-every 50" sbatch --parsable --ntasks=3 \
+  "$source_dir/scripts/slurm/ipupod-train.sbatch")
+waited=0
+until compgen -G "signal-run/checkpoint-*.h5" >/dev/null; do
+  if ((waited >= deadline_s * 5)) || [[ -z "$(squeue -h -j "$signal_job" 2>/dev/null)" ]]; then
+    break
+  fi
+  sleep 0.2
+  waited=$((waited + 1))
+done
+scancel --signal=USR1 "$signal_job"
+waited=0
+while [[ -n "$(squeue -h -j "$signal_job" 2>/dev/null)" ]] && ((waited < deadline_s)); do
+  sleep 1
+  waited=$((waited + 1))
+done
+echo "--- ipupod-train-$signal_job.out (signalled)"
+tail -n 5 "ipupod-train-$signal_job.out"
+check "signalled job ended" test -z "$(squeue -h -j "$signal_job" 2>/dev/null)"
+check "signalled job stopped by SIGUSR1 with its checkpoint named" \
+  grep -q "stopped by SIGUSR1 after host step .*its checkpoint is signal-run/checkpoint-" \
+  signal-run/stopped.txt
+check "signalled job did not train to the end" test ! -f signal-run/summary.json
+if [[ -f signal-run/stopped.txt ]]; then
+  last=$(sed -n 's/.*its checkpoint is \([^ ]*\.h5\)\..*/\1/p' signal-run/stopped.txt)
+  check "its final checkpoint $last exists" test -f "$last"
+fi
 ((failures == 0)) || show_logs
 echo "$failures failed"
 ((failures == 0))
