@@ -221,6 +221,14 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"seed", c.seed},
           {"shuffle", c.shuffle},
           {"shuffle_window", c.shuffle_window},
+          {"pipeline_schedule", c.pipeline_schedule},
+          {"allow_out_of_memory", c.allow_out_of_memory},
+          {"run_dir", c.run_dir},
+          {"bind_address", c.bind_address},
+          {"timeout", c.timeout_s},
+          {"trace_events", c.trace_events},
+          {"checkpoint_every", c.checkpoint_every},
+          {"checkpoint_keep", c.checkpoint_keep},
           {"global_batch", c.global_batch()}};
 }
 

@@ -97,7 +97,9 @@ void validate(const TrainConfig& config, int world_size);
 // The same without the data file and the world size (what `ipupod estimate` checks).
 void validate_job(const TrainConfig& config);
 
-// The options that shape the numbers of a run, as JSON (summary.json and checkpoints).
+// A run's options, as JSON keyed like the long options (with '_' for '-'; summary.json,
+// checkpoints and --export-config), and the batch they make ("global_batch", derived): `ipupod
+// train --config` of such a file, or of a summary.json, runs the same job again.
 nlohmann::json config_json(const TrainConfig& config);
 // What a resumed run changes that the checkpoint's run fixed (options that change the model or
 // the order or value of any number: a bitwise-identical continuation needs them equal), one

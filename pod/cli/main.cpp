@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli_checks/option_checks.hpp"
 #include "datasets/cli.hpp"
 #include "fabric/error.hpp"
 #include "json_text/json_text.hpp"
@@ -21,18 +22,17 @@
 #include "pod/cli/compile_command.hpp"
 #include "pod/cli/estimate_command.hpp"
 #include "pod/cli/info.hpp"
-#include "cli_checks/option_checks.hpp"
 #include "pod/config.hpp"
 #include "pod/job/train.hpp"
 
 namespace {
 
 using ipupod::cli::finite_number;
+using ipupod::cli::whole_number;
 using ipupod::pod::kMaxCount;
 using ipupod::pod::kMaxModelMultiplier;
 using ipupod::pod::kMaxTimeoutSeconds;
 using ipupod::pod::TrainConfig;
-using ipupod::cli::whole_number;
 
 // The options that shape a compiled model, shared by train and compile. Returns
 // --gradient-accumulation, whose default compile changes.
@@ -182,6 +182,15 @@ std::vector<std::string> expand_config_file(CLI::App& app, std::vector<std::stri
   if (!options.is_object())
     throw ConfigFileError("--config: '" + path +
                           "' must hold a JSON object of options, e.g. {\"micro-batch\": 8}");
+  // A run's summary.json, or a file --export-config wrote, holds the options under "config"
+  // (beside what the run measured) with the batch they make, which is not an option.
+  if (options.contains("config") && options["config"].is_object()) {
+    nlohmann::json record = std::move(options["config"]);
+    options = std::move(record);
+    options.erase("global_batch");
+    // A compile or estimate of a run writes its reports to its own folder, not over the run's.
+    if (args[1] != "train") options.erase("run_dir");
+  }
   const auto given = [&](const std::string& name) {
     for (std::size_t i = 2; i < args.size(); ++i)
       if (args[i] == name || args[i].rfind(name + "=", 0) == 0) return true;
@@ -192,9 +201,18 @@ std::vector<std::string> expand_config_file(CLI::App& app, std::vector<std::stri
     std::string name = "--" + key;
     std::replace(name.begin(), name.end(), '_', '-');
     const CLI::Option* option = sub->get_option_no_throw(name);
-    // An estimate takes a training run's config file as it is: the options of a run that do
-    // not shape its timing (data, epochs, learning rate, ...) are left out.
-    if (!option && args[1] == "estimate" && train_option(app, name)) continue;
+    // A switch kept as its value ("shuffle": false) is the flag that turns it off.
+    const std::string negated = "--no-" + name.substr(2);
+    if (!option && value.is_boolean() && sub->get_option_no_throw(negated)) {
+      if (!value.get<bool>() && !given(negated)) inserted.push_back(negated);
+      continue;
+    }
+    // A compile or an estimate takes a training run's config file as it is: the options of a
+    // run that do not shape its programs or timing (data, epochs, run directory, ...) are left
+    // out.
+    if (!option && (args[1] == "estimate" || args[1] == "compile") &&
+        (train_option(app, name) || (value.is_boolean() && train_option(app, negated))))
+      continue;
     if (!option || name == "--config" || name == "--help")
       throw ConfigFileError("--config: '" + path + "' names '" + key +
                             "', which is not an option "
@@ -423,6 +441,12 @@ int main(int argc, char** argv) {
   CLI::App* train = app.add_subcommand("train", "Train a model on the emulated pod (under mpirun)");
   add_train_options(*train, train_config);
   add_config_file_option(*train);
+  std::string export_config;
+  train
+      ->add_option("--export-config", export_config,
+                   "Write this run's options to FILE (a --config file, as summary.json keeps "
+                   "them) and exit without training")
+      ->type_name("FILE");
 
   ipupod::pod::CompileConfig compile_config;
   compile_config.train.micro_batch = 1;
@@ -495,6 +519,20 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::cerr << "ipupod: " << e.what() << "\n";
     return 1;
+  }
+
+  if (*train && !export_config.empty()) {
+    if (launcher_rank() > 0) return 0;  // rank 0 writes it
+    std::ofstream out(export_config, std::ios::trunc);
+    out << nlohmann::json{{"config", ipupod::pod::config_json(train_config)}}.dump(2) << "\n";
+    if (!out.flush()) {
+      std::cerr << "ipupod train: --export-config: cannot write '" << export_config
+                << "'; check that its folder exists and is writable\n";
+      return 2;
+    }
+    std::cout << "ipupod train: wrote the options to " << export_config << " (run them with "
+              << "`ipupod train --config " << export_config << "` under mpirun)\n";
+    return 0;
   }
 
   int provided = 0;

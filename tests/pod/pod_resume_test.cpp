@@ -541,6 +541,42 @@ TEST_F(PodResume, AFailureInTheHostsTrainingLoopEndsTheJobWithItsReasonOnce) {
   EXPECT_TRUE(fs::exists(dir() / "in-the-way" / "checkpoint-000002.h5"));  // the one before
 }
 
+// A run's options round-trip: --export-config writes them without training, `train --config`
+// of that file runs the job, and `train --config` of its summary.json (in a new --run-dir: the
+// command line wins) runs it again to the same weights, bit for bit. Switches kept as values
+// ("shuffle": false) and the derived global batch are read back as such.
+TEST_F(PodResume, ARunsOptionsRoundTripThroughExportConfigAndSummary) {
+  const fs::path exported = dir() / "exported.json";
+  const std::string options =
+      "--model mlp --hidden 24 --data " + data().string() +
+      " --replicas 2 --micro-batch 10 --gradient-accumulation 2 --device-iterations 2"
+      " --learning-rate 0.05 --arch tiny --topology m2000 --epochs 1 --no-shuffle"
+      " --checkpoint-every 5 --run-dir " +
+      (dir() / "round-a").string();
+  const Result written = run(std::string(IPUPOD_BINARY) + " train " + options +
+                             " --export-config " + exported.string());
+  ASSERT_EQ(written.exit_code, 0) << written.output;
+  EXPECT_FALSE(fs::exists(dir() / "round-a")) << "--export-config trained";
+  const std::string mpirun = std::string(IPUPOD_MPIEXEC) +
+                             " -n 3 --oversubscribe --allow-run-as-root " + IPUPOD_BINARY +
+                             " train --config ";
+  const Result first = run(mpirun + exported.string());
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const Result again = run(mpirun + (dir() / "round-a" / "summary.json").string() + " --run-dir " +
+                           (dir() / "round-b").string());
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  nlohmann::json a = summary("round-a"), b = summary("round-b");
+  EXPECT_EQ(a["config"]["shuffle"], false);
+  EXPECT_EQ(a["config"]["hidden"], nlohmann::json::array({24}));
+  EXPECT_EQ(a["config"]["checkpoint_every"], 5);
+  EXPECT_EQ(b["config"]["run_dir"], (dir() / "round-b").string());
+  a["config"].erase("run_dir");
+  b["config"].erase("run_dir");
+  EXPECT_EQ(a["config"], b["config"]);
+  EXPECT_EQ(a["replica_weight_checksums"], b["replica_weight_checksums"]);
+  EXPECT_EQ(a["test_loss"], b["test_loss"]);
+}
+
 // The running figures live beside the checkpoints, so a checkpoint's size does not grow with
 // the number of steps trained.
 TEST_F(PodResume, CheckpointsDoNotGrowWithTheRunLength) {
