@@ -46,7 +46,70 @@ void print_arch(const ipu::ArchPreset& a, std::ostream& out) {
   for (const auto& s : a.sources) out << "    - " << s << "\n";
 }
 
+nlohmann::json arch_json(const ipu::ArchPreset& a) {
+  return {{"description", a.description},
+          {"tiles", a.tiles},
+          {"bytes_per_tile", a.bytes_per_tile},
+          {"bytes_per_ipu", a.bytes_per_ipu()},
+          {"clock_hz", a.clock_hz},
+          {"workers_per_tile", a.workers_per_tile},
+          {"fp32_flops_per_cycle_per_tile", a.fp32_flops_per_cycle_per_tile},
+          {"fp16_flops_per_cycle_per_tile", a.fp16_flops_per_cycle_per_tile},
+          {"fp16_fp32_partials_flops_per_cycle_per_tile",
+           a.fp16_fp32_partials_flops_per_cycle_per_tile},
+          {"amp_pipeline_depth", a.amp_pipeline_depth},
+          {"fp32_vector_width", a.fp32_vector_width},
+          {"exchange_bytes_per_cycle_per_tile", a.exchange_bytes_per_cycle_per_tile},
+          {"exchange_latency_cycles", a.exchange_latency_cycles},
+          {"sync_cycles_internal", a.sync_cycles_internal},
+          {"sync_cycles_external", a.sync_cycles_external},
+          {"vertex_overhead_cycles", a.vertex_overhead_cycles},
+          {"vertex_state_bytes_per_region", a.vertex_state_bytes_per_region},
+          {"codelet_code_bytes", a.codelet_code_bytes},
+          {"host_link_bytes_per_s", a.host_link_bytes_per_s},
+          {"sources", a.sources}};
+}
+
+// Sizes, and the IPUs of each machine as ranges of consecutive IPU numbers.
+nlohmann::json topology_json(const fabric::Topology& t) {
+  nlohmann::json machines = nlohmann::json::array();
+  for (int ipu = 0; ipu < t.ipus(); ++ipu) {
+    const fabric::IpuLocation at = t.location(ipu);
+    if (!machines.empty() && machines.back()["pod"] == at.pod &&
+        machines.back()["machine"] == at.machine && machines.back()["last_ipu"] == ipu - 1) {
+      machines.back()["last_ipu"] = ipu;
+      continue;
+    }
+    machines.push_back(
+        {{"pod", at.pod}, {"machine", at.machine}, {"first_ipu", ipu}, {"last_ipu", ipu}});
+  }
+  return {{"ipus", t.ipus()},
+          {"pods", t.pods()},
+          {"machines_per_pod", t.machines_per_pod()},
+          {"ipus_per_machine", t.ipus_per_machine()},
+          {"machines", machines}};
+}
+
 }  // namespace
+
+nlohmann::json info_json(const InfoRequest& r) {
+  nlohmann::json out;
+  if (!r.topology.empty()) {
+    out["topology"] = topology_json(fabric::Topology::preset(r.topology));
+    out["topology"]["name"] = r.topology;
+    return out;
+  }
+  for (const auto& a : ipu::ArchPreset::all()) out["architectures"][a.name] = arch_json(a);
+  for (const auto& name : fabric::Topology::preset_names())
+    out["topologies"][name] = topology_json(fabric::Topology::preset(name));
+  out["models"] = nlohmann::json::object();
+  for (const auto& e : models::zoo()) out["models"][e.name] = {{"description", e.description}};
+  out["codelets"] = nlohmann::json::array();
+  for (const auto& [name, c] : ipu::CodeletRegistry::builtin().all())
+    out["codelets"].push_back({{"name", name}, {"fields", c.fields}});
+  out["defaults"] = r.defaults;
+  return out;
+}
 
 void print_info(const InfoRequest& r, std::ostream& out) {
   const bool brief =

@@ -472,6 +472,9 @@ int main(int argc, char** argv) {
   info->add_option("--model", info_request.model, "Show one model's layers and parameters");
   info->add_flag("--codelets", info_request.codelets, "List the codelets");
   info->add_flag("--models", info_request.models, "List the models");
+  info->add_flag("--json", info_request.json,
+                 "All of it as one JSON object (with --topology: that topology), with every "
+                 "command's option defaults: for scripts");
 
   CLI::App* data = app.add_subcommand("data", "Convert real data sets into ipupod's HDF5 layout");
   data->require_subcommand(1);
@@ -507,7 +510,20 @@ int main(int argc, char** argv) {
   if (*data) return data_exit_code;
   try {
     if (*info) {
-      ipupod::pod::print_info(info_request, std::cout);
+      if (!info_request.json) {
+        ipupod::pod::print_info(info_request, std::cout);
+        return 0;
+      }
+      for (const char* name : {"train", "compile", "estimate"}) {
+        nlohmann::json& defaults = info_request.defaults[name];
+        defaults = nlohmann::json::object();
+        for (const CLI::Option* option : app.get_subcommand(name)->get_options()) {
+          const std::string long_name = option->get_single_name();
+          if (option->get_default_str().empty() || long_name == "help") continue;
+          defaults[long_name] = option->get_default_str();
+        }
+      }
+      std::cout << ipupod::pod::info_json(info_request).dump(1) << "\n";
       return 0;
     }
   } catch (const std::invalid_argument& e) {

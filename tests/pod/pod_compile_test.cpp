@@ -174,4 +174,35 @@ TEST(CompileCommand, WritesMemoryReportsAndExitsOneWhenAStageDoesNotFit) {
 }
 
 }  // namespace
+// `ipupod info --json`: what scripts (ipupod-run) read instead of --help text. The figures come
+// from the presets themselves, so the test checks the structure against them and the layout of
+// a pod16 (4 IPU-M2000s of 4 IPUs).
+TEST(InfoCommand, JsonHoldsPresetsTopologiesModelsAndOptionDefaults) {
+  const testing_support::Result r =
+      testing_support::run(std::string(IPUPOD_BINARY) + " info --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json info = nlohmann::json::parse(r.output);
+  const ipu::ArchPreset& mk2 = ipu::ArchPreset::get("mk2");
+  EXPECT_EQ(info["architectures"]["mk2"]["tiles"], mk2.tiles);
+  EXPECT_EQ(info["architectures"]["mk2"]["bytes_per_tile"], mk2.bytes_per_tile);
+  EXPECT_EQ(info["architectures"]["mk2"]["sources"].size(), mk2.sources.size());
+  const nlohmann::json& pod16 = info["topologies"]["pod16"];
+  EXPECT_EQ(pod16["ipus"], 16);
+  ASSERT_EQ(pod16["machines"].size(), 4u);
+  EXPECT_EQ(pod16["machines"][1],
+            (nlohmann::json{{"pod", 0}, {"machine", 1}, {"first_ipu", 4}, {"last_ipu", 7}}));
+  EXPECT_TRUE(info["models"].contains("efficientnetv2_s"));
+  EXPECT_EQ(info["models"].size(), models::zoo().size());
+  EXPECT_EQ(info["defaults"]["train"]["topology"], "pod16");
+  EXPECT_EQ(info["defaults"]["train"]["micro-batch"], "16");
+  EXPECT_TRUE(info["defaults"]["estimate"].contains("replicas"));
+  const testing_support::Result one =
+      testing_support::run(std::string(IPUPOD_BINARY) + " info --json --topology pod64");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_EQ(nlohmann::json::parse(one.output)["topology"]["machines"].size(), 16u);
+  const testing_support::Result unknown =
+      testing_support::run(std::string(IPUPOD_BINARY) + " info --json --topology pod17");
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
+}
+
 }  // namespace ipupod::pod
