@@ -2,10 +2,13 @@
 // Runs on every IPU rank; all waits are bounded by ClientConfig::timeout.
 #include "host/stream_client.hpp"
 
+#include <algorithm>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/host_name.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <thread>
+#include <vector>
 
 #include "host/stream_connection.hpp"
 
@@ -15,6 +18,52 @@ namespace {
 using Clock = std::chrono::steady_clock;
 // Pause between connection attempts while the host is not listening yet.
 constexpr std::chrono::milliseconds kConnectRetryInterval{50};
+// Longest wait for one address to answer (an address this node cannot route to may not).
+constexpr std::chrono::milliseconds kAttemptTimeout{2000};
+
+// The addresses to try, in order (see ClientConfig::address).
+std::vector<std::string> candidate_addresses(const std::string& announced) {
+  const std::size_t bar = announced.find('|');
+  if (bar == std::string::npos) return {announced};
+  const std::string node = announced.substr(0, bar);
+  std::vector<std::string> out;
+  if (node == boost::asio::ip::host_name()) out.push_back("127.0.0.1");
+  std::size_t from = bar + 1;
+  while (from <= announced.size()) {
+    const std::size_t comma = std::min(announced.find(',', from), announced.size());
+    if (comma > from) out.push_back(announced.substr(from, comma - from));
+    from = comma + 1;
+  }
+  if (out.empty()) out.push_back(node);  // no address known: the node's name
+  return out;
+}
+
+// One attempt to connect `socket` to address:port within `timeout`; the error, or success.
+boost::system::error_code connect_once(boost::asio::io_context& io,
+                                       boost::asio::ip::tcp::socket& socket,
+                                       const std::string& address, std::uint16_t port,
+                                       std::chrono::milliseconds timeout) {
+  boost::system::error_code ec;
+  boost::asio::ip::tcp::resolver resolver(io);
+  const auto endpoints = resolver.resolve(address, std::to_string(port), ec);
+  if (ec) return ec;
+  bool done = false;
+  boost::asio::async_connect(socket, endpoints,
+                             [&](const boost::system::error_code& result, const auto&) {
+                               ec = result;
+                               done = true;
+                             });
+  io.restart();
+  io.run_for(timeout);
+  if (!done) {
+    socket.close();  // the pending connect ends with operation_aborted
+    io.restart();
+    io.run();
+    return boost::asio::error::timed_out;
+  }
+  if (ec) socket.close();
+  return ec;
+}
 
 }  // namespace
 
@@ -29,27 +78,33 @@ StreamClient::StreamClient(ClientConfig config) : impl_(std::make_unique<Impl>()
   impl_->config = std::move(config);
   const ClientConfig& c = impl_->config;
   if (c.credits == 0) throw std::invalid_argument("StreamClient: credits must be at least 1");
-  const std::string where = c.address + ":" + std::to_string(c.port);
-  boost::system::error_code ec;
-  // A name (the host rank's hostname on a cluster) or an IP literal.
-  boost::asio::ip::tcp::resolver resolver(impl_->io);
-  const auto endpoints = resolver.resolve(c.address, std::to_string(c.port), ec);
-  if (ec) {
-    throw StreamError("client " + std::to_string(c.client_id) +
-                      " cannot resolve the host address '" + c.address + "': " + ec.message() +
-                      " (pass an IP address or a name this node can resolve)");
-  }
-
+  const std::vector<std::string> candidates = candidate_addresses(c.address);
   const auto deadline = Clock::now() + c.timeout;
   boost::asio::ip::tcp::socket socket(impl_->io);
+  std::string where;
   for (;;) {
-    boost::asio::connect(socket, endpoints, ec);
-    if (!ec) break;
-    socket.close();
-    if (ec != boost::asio::error::connection_refused || Clock::now() >= deadline) {
+    std::string tried;
+    bool refused = false;
+    for (const std::string& address : candidates) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      const auto ec = connect_once(impl_->io, socket, address, c.port,
+                                   std::clamp(left, std::chrono::milliseconds(1), kAttemptTimeout));
+      if (!ec) {
+        where = address + ":" + std::to_string(c.port);
+        break;
+      }
+      refused = refused || ec == boost::asio::error::connection_refused;
+      tried += (tried.empty() ? "" : ", ") + address + ":" + std::to_string(c.port) + " (" +
+               ec.message() + ")";
+    }
+    if (!where.empty()) break;
+    // Refused: the host may not be listening yet. Anything else, or time up, is an answer.
+    if (!refused || Clock::now() >= deadline) {
       throw StreamError("client " + std::to_string(c.client_id) +
-                        " cannot connect to the host at " + where + ": " + ec.message() +
-                        " (is the host rank running, and is this its address and port?)");
+                        " cannot connect to the host at " + tried +
+                        " (is the host rank running, and can this node reach it? the host's "
+                        "--bind-address chooses where it listens)");
     }
     std::this_thread::sleep_for(kConnectRetryInterval);
   }

@@ -13,6 +13,8 @@
 namespace ipupod::host {
 
 struct ClientConfig {
+  // An IP address or name, or what StreamServer::announced_address gives for a server bound to
+  // every interface: "NODE|A,B,...", tried in turn (127.0.0.1 first when this is node NODE).
   std::string address = "127.0.0.1";
   std::uint16_t port = 0;
   std::string secret;

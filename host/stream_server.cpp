@@ -3,7 +3,13 @@
 // thread each and credit-gated sends.
 #include "host/stream_server.hpp"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/host_name.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -305,6 +311,26 @@ StreamServer::StreamServer(ServerConfig config) : impl_(std::make_unique<Impl>()
 
 StreamServer::~StreamServer() {
   close();
+}
+
+std::string StreamServer::announced_address() const {
+  const std::string& bound = impl_->config.bind_address;
+  if (bound != "0.0.0.0") return bound;
+  std::string addresses;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) == 0) {
+    for (const ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+      if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET ||
+          (a->ifa_flags & IFF_UP) == 0 || (a->ifa_flags & IFF_LOOPBACK) != 0)
+        continue;
+      char text[INET_ADDRSTRLEN] = {};
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
+      if (inet_ntop(AF_INET, &in->sin_addr, text, sizeof text) != nullptr)
+        addresses += (addresses.empty() ? "" : ",") + std::string(text);
+    }
+    freeifaddrs(list);
+  }
+  return boost::asio::ip::host_name() + "|" + addresses;
 }
 
 std::uint16_t StreamServer::port() const {

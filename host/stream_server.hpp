@@ -40,6 +40,10 @@ class StreamServer {
   StreamServer& operator=(const StreamServer&) = delete;
 
   std::uint16_t port() const;
+  // What clients are told to connect to (ClientConfig::address): the bound address, or, bound to
+  // every interface (0.0.0.0), "NODE|A,B,..." with this node's name and its IPv4 addresses
+  // other than loopback, which clients try in turn (loopback first on this node).
+  std::string announced_address() const;
   // Returns once every client id 0..clients-1 has said hello with the right secret, and closes
   // the listening port (later connections are refused by the system). Every connection waits
   // for its hello at the same time, each for at most hello_timeout; a wrong secret, an unknown

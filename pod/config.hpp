@@ -69,8 +69,8 @@ struct TrainConfig {
   std::size_t shuffle_window = 0;  // 0: shuffle the whole split; N: windows of N samples
   bool allow_out_of_memory = false;
   std::string run_dir = "run";
-  std::string bind_address = "127.0.0.1";
-  double timeout_s = 120;           // host <-> IPU stream operations
+  std::string bind_address = "0.0.0.0";  // every interface: IPU ranks on other nodes reach it
+  double timeout_s = 120;                // host <-> IPU stream operations
   std::size_t trace_events = 4000;  // first events of each IPU's predicted timeline in trace.json
   // Checkpoints: every N host steps and at the end (0: none), into the run directory as
   // checkpoint-<host step>.h5, keeping the newest `checkpoint_keep` of this run (0: all).

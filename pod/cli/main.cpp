@@ -294,7 +294,9 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
       ->capture_default_str();
   train
       .add_option("--bind-address", c.bind_address,
-                  "Address the host's stream server binds (0.0.0.0 for multi-node runs)")
+                  "Address the host's stream server binds: 0.0.0.0 (every interface; the IPU "
+                  "ranks are told this node's addresses and try them in turn, loopback first on "
+                  "the host's own node) or one address, e.g. 127.0.0.1 for one node only")
       ->capture_default_str();
   train
       .add_option("--trace-events", c.trace_events,

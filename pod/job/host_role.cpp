@@ -2,7 +2,6 @@
 // TCP, collects losses, evaluation outputs and predicted cycles, and writes the run directory.
 #include <algorithm>
 #include <atomic>
-#include <boost/asio/ip/host_name.hpp>
 #include <chrono>
 #include <cmath>
 #include <deque>
@@ -227,8 +226,7 @@ Startup HostRole::prepare() {
                            .timeout = timeout,
                            .hello_timeout = std::min(timeout, host::ServerConfig{}.hello_timeout),
                            .log = {}});
-    startup_.address =
-        c_.bind_address == "0.0.0.0" ? boost::asio::ip::host_name() : c_.bind_address;
+    startup_.address = server_->announced_address();
     startup_.port = server_->port();
     if (!c_.resume.empty()) resume_ = load_resume(c_, startup_, progress_);
     std::filesystem::create_directories(c_.run_dir);
