@@ -1,7 +1,10 @@
 // `ipupod bench matmul`: one float32 GEMM on an emulated IPU (compiled once, run N times on the
 // engine's thread pool) against OpenBLAS cblas_sgemm on the same threads in the same process,
 // and the compile time (graph build + Engine construction) of ResNet-50's matmul layers.
+// OpenBLAS is loaded here, when the benchmark runs, not linked: it starts idle threads in every
+// process that loads it, and the `ipupod` of a training rank has no use for them.
 #include <cblas.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <chrono>
@@ -25,6 +28,34 @@ namespace ipupod::pod {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The OpenBLAS functions the peer needs, from the library loaded at run time.
+struct OpenBlas {
+  decltype(&cblas_sgemm) sgemm = nullptr;
+  decltype(&openblas_set_num_threads) set_num_threads = nullptr;
+  decltype(&openblas_get_corename) corename = nullptr;
+};
+
+OpenBlas load_openblas() {
+  void* library = nullptr;
+  for (const char* name : {"libopenblas.so.0", "libopenblas.so"})
+    if ((library = dlopen(name, RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
+  if (library == nullptr)
+    throw std::invalid_argument(std::string("bench matmul: cannot load OpenBLAS, its peer (") +
+                                dlerror() +
+                                "); install Debian's libopenblas0 (scripts/install-deps.sh does)");
+  const auto symbol = [&](const char* name) {
+    void* f = dlsym(library, name);
+    if (f == nullptr)
+      throw std::invalid_argument(std::string("bench matmul: the OpenBLAS library loaded has no ") +
+                                  name);
+    return f;
+  };
+  // Kept loaded for the life of the process (its threads outlive any one call).
+  return {reinterpret_cast<decltype(&cblas_sgemm)>(symbol("cblas_sgemm")),
+          reinterpret_cast<decltype(&openblas_set_num_threads)>(symbol("openblas_set_num_threads")),
+          reinterpret_cast<decltype(&openblas_get_corename)>(symbol("openblas_get_corename"))};
+}
 
 struct MatMulBenchOptions {
   std::size_t m = 1024, k = 1024, n = 1024;
@@ -138,12 +169,14 @@ int run_matmul_bench(const MatMulBenchOptions& o) {
   engine.write(a, std::as_bytes(std::span(av)));
   engine.write(b, std::as_bytes(std::span(bv)));
   // The peer: the same GEMM through OpenBLAS, on the same number of threads.
-  openblas_set_num_threads(static_cast<int>(threads));
+  const OpenBlas blas_library = load_openblas();
+  blas_library.set_num_threads(static_cast<int>(threads));
   std::vector<float> blas_c(m * n);
   const auto sgemm = [&] {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), 1.f, av.data(), static_cast<int>(k), bv.data(),
-                static_cast<int>(n), 0.f, blas_c.data(), static_cast<int>(n));
+    blas_library.sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
+                       static_cast<int>(n), static_cast<int>(k), 1.f, av.data(),
+                       static_cast<int>(k), bv.data(), static_cast<int>(n), 0.f, blas_c.data(),
+                       static_cast<int>(n));
   };
   // Warm-up of both (first touch of the tile arenas, OpenBLAS's buffers), then the two timed
   // in turn, so that both see the same load of a shared machine.
@@ -189,7 +222,7 @@ int run_matmul_bench(const MatMulBenchOptions& o) {
   std::string version = OPENBLAS_VERSION;  // " OpenBLAS 0.3.21 " in Debian's build
   version.erase(0, version.find_first_not_of(' '));
   version.erase(version.find_last_not_of(' ') + 1);
-  std::cout << "peer (" << version << " cblas_sgemm, core " << openblas_get_corename()
+  std::cout << "peer (" << version << " cblas_sgemm, core " << blas_library.corename()
             << "): " << 1e3 * peer << " ms per run, " << flops / peer * 1e-9 << " GFLOP/s\n";
   std::cout << "ratio emulator / OpenBLAS: " << emu / peer << " (target <= 1.5)\n";
   std::cout << std::setprecision(1) << "predicted " << arch.name

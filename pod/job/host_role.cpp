@@ -2,6 +2,7 @@
 // TCP, collects losses, evaluation outputs and predicted cycles, and writes the run directory.
 #include <algorithm>
 #include <atomic>
+#include <boost/asio/ip/host_name.hpp>
 #include <chrono>
 #include <cmath>
 #include <deque>
@@ -71,6 +72,7 @@ nlohmann::json host_memory_of_ranks(const nlohmann::json& memory) {
       const std::size_t stage = r.at("stage");
       out.push_back(
           {{"ipu", first_ipu + stage},
+           {"node", r.value("node", std::string())},
            {"host_peak_resident_bytes", r.value("host_peak_resident_bytes", std::uint64_t{0})},
            {"tile_bytes", r.at("total_bytes")}});
     };
@@ -99,6 +101,7 @@ class HostRole {
   // Opens the data, checks it against the model, starts the stream server, reads --resume;
   // the start-up record says what failed (status 2: bad input, 1: other).
   Startup prepare();
+  int accept_stream_clients(std::string* message);
   void serve_resumed_tensors();
   void print_banner() const;
   void start_feeders();
@@ -250,9 +253,25 @@ Startup HostRole::prepare() {
   return startup_;
 }
 
-// The stream timeouts start now: a compile of minutes was no stall.
+// The stream timeouts start now: a compile of minutes was no stall. Every rank learns whether
+// all replicas connected; when not, *message says why (an IPU's reason before the host's).
+int HostRole::accept_stream_clients(std::string* message) {
+  int status = 0;
+  std::string own;
+  try {
+    server_->accept_clients();
+  } catch (const std::exception& e) {
+    status = 1;
+    own = e.what();
+  }
+  const int verdict = start_verdict(world_, status, own, message);
+  if (verdict != 0)
+    *message +=
+        " (the host listened on " + c_.bind_address + ", announced as '" + startup_.address + "')";
+  return verdict;
+}
+
 void HostRole::serve_resumed_tensors() {
-  server_->accept_clients();
   if (!startup_.resume) return;
   for (std::size_t r = 0; r < c_.replicas; ++r) {
     std::uint64_t index = 0;
@@ -563,6 +582,7 @@ void HostRole::write_run_files(const FinalReports& reports) {
                             {"replica_weights_identical", reports.identical}};
   for (const auto& [name, value] : last.scores) summary[name] = value;
   summary["ipu_ranks_host_memory"] = host_memory_of_ranks(reports.memory);
+  summary["host_node"] = boost::asio::ip::host_name();
   std::filesystem::remove(std::filesystem::path(c_.run_dir) / "stopped.txt");  // a resumed stop's
   write_file_atomically(c_.run_dir, "summary.json", summary.dump(2) + "\n");
   write_file_atomically(c_.run_dir, "metrics.csv", csv_.str());
@@ -594,6 +614,10 @@ int run_host(const TrainConfig& config, MPI_Comm world) {
       write_file_atomically(config.run_dir, "memory.json", nlohmann::json(reports).dump(1) + "\n");
       message += "; every IPU's memory report is in " + config.run_dir + "/memory.json";
     }
+    std::cerr << "ipupod train: " << message << "\n";
+    return verdict;
+  }
+  if (const int verdict = host.accept_stream_clients(&message); verdict != 0) {
     std::cerr << "ipupod train: " << message << "\n";
     return verdict;
   }

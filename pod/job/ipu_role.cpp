@@ -2,6 +2,7 @@
 // the host's TCP streams, all-reduce gradients over the fabric, send losses and reports back.
 #include <malloc.h>
 
+#include <boost/asio/ip/host_name.hpp>
 #include <iomanip>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -83,7 +84,8 @@ class IpuRole {
   void exchange_checkpoint_manifests();
   int start_verdict_after_resume_check();
   nlohmann::json memory_report() const;
-  void connect_host_streams();
+  // False when a first stage could not connect (the host says why; every rank returns 1).
+  bool connect_host_streams();
   void receive_resumed_tensors();
   int train_and_evaluate();
   void send_reports_and_weights();
@@ -225,18 +227,28 @@ int IpuRole::start_verdict_after_resume_check() {
 }
 
 // The host streams to and from the first stage of each replica only.
-void IpuRole::connect_host_streams() {
+bool IpuRole::connect_host_streams() {
   step_ = startup_.resume_host_step;
   training_ = cycles_from(startup_.resume_cycles);
+  int status = 0;
+  std::string message;
   if (first_stage()) {
     const auto timeout = std::chrono::milliseconds(static_cast<long>(config_.timeout_s * 1000));
-    client_.emplace(host::ClientConfig{.address = startup_.address,
-                                       .port = startup_.port,
-                                       .secret = startup_.secret,
-                                       .client_id = static_cast<std::size_t>(place_.replica),
-                                       .credits = 8,
-                                       .timeout = timeout});
+    try {
+      client_.emplace(host::ClientConfig{.address = startup_.address,
+                                         .port = startup_.port,
+                                         .secret = startup_.secret,
+                                         .client_id = static_cast<std::size_t>(place_.replica),
+                                         .credits = 8,
+                                         .timeout = timeout});
+    } catch (const std::exception& e) {
+      status = 1;
+      message = "IPU " + std::to_string(place_.ipu) + " (rank " + std::to_string(place_.ipu + 1) +
+                ", node " + boost::asio::ip::host_name() + "): " + e.what();
+    }
   }
+  // One message for the job, from the host, whichever ranks could not connect.
+  if (start_verdict(world_, status, message) != 0) return false;
   ipu::Engine& engine = *engine_;
   engine.connect_input_stream(kInputStream, [this](std::span<std::byte> dst) {
     take_frame(*client_, kInputFrames, dst, incoming_);
@@ -252,6 +264,7 @@ void IpuRole::connect_host_streams() {
         {kLogitsFrames, step_, array_of(host::DType::f32, compiled_.eval_logits.shape(), src)});
   });
   engine.bind_collectives(fabric_.binding());
+  return true;
 }
 
 // Resuming: the first stage takes the checkpoint's tensors from the host in name order and
@@ -381,6 +394,7 @@ nlohmann::json IpuRole::memory_report() const {
   report["parameter_tensors"] = compiled_.parameters.size();
   // The emulator's own memory beside the tile memory it emulates.
   report["host_peak_resident_bytes"] = peak_resident_bytes();
+  report["node"] = boost::asio::ip::host_name();  // where this IPU ran (a multi-node job's map)
   return report;
 }
 
@@ -412,7 +426,7 @@ int run_ipu(const TrainConfig& config, MPI_Comm world) {
     gather_unfit_reports(world, !ipu.fits(), ipu.memory_report());
     return verdict;
   }
-  ipu.connect_host_streams();
+  if (!ipu.connect_host_streams()) return 1;
   // Failures from here on are reported before the stream client closes (which would make the
   // host fail first with a less useful message).
   try {

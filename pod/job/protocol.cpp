@@ -104,14 +104,15 @@ int start_verdict(MPI_Comm world, int status, const std::string& message,
   MPI_Comm_rank(world, &rank);
   MPI_Allreduce(&status, &verdict, 1, MPI_INT, MPI_MAX, world);
   if (verdict == 0) return 0;
-  // The lowest rank with the worst status says why: the host prints one message, whichever
-  // IPU found the fault.
-  const int candidate = status == verdict ? rank : std::numeric_limits<int>::max();
+  // The lowest IPU rank with the worst status, else the host, says why: the host prints one
+  // message, whichever rank found the fault.
+  constexpr int kNobody = std::numeric_limits<int>::max(), kHost = kNobody - 1;
+  const int candidate = status != verdict ? kNobody : rank == 0 ? kHost : rank;
   int teller = 0;
   MPI_Allreduce(&candidate, &teller, 1, MPI_INT, MPI_MIN, world);
-  if (rank == teller && rank != 0) send_text(message, 0, kVerdictTag, world);
+  if (rank == teller) send_text(message, 0, kVerdictTag, world);
   if (rank == 0 && host_message)
-    *host_message = teller == 0 ? message : receive_text(teller, kVerdictTag, world);
+    *host_message = teller == kHost ? message : receive_text(teller, kVerdictTag, world);
   return verdict;
 }
 

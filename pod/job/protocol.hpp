@@ -9,6 +9,8 @@
 //                                               compile, initialise, check a resumed checkpoint
 //   start_verdict     <------------------------> start_verdict (IPU 0 tells what failed)
 //   accept stream clients <-------------------- stage 0 of each replica connects (TCP)
+//   start_verdict     <------------------------> start_verdict (an IPU that could not connect
+//                                                 tells why, before the host's own timeout)
 //   [resume: checkpoint tensors] -------------> stage 0 (relayed to later stages)
 //   per host step: input + label frames ------> per micro-batch; loss frames <------
 //   [checkpoint due: manifest + tensors] <----- replica 0
@@ -95,9 +97,11 @@ class IpuGroups {
   MPI_Comm replicas_ = MPI_COMM_NULL;
 };
 
-// After every IPU compiled (and checked a resumed checkpoint): the worst status of all ranks
-// (collective over the world). Each rank gives its own; the message of the lowest rank with the
-// worst status reaches the host, which returns it in *host_message.
+// After every IPU compiled (and checked a resumed checkpoint), and again once the streams are
+// connected: the worst status of all ranks (collective over the world). Each rank gives its own;
+// the message of the lowest IPU rank with the worst status (the host's only when no IPU has
+// one: an IPU's fault is the cause, the host's the consequence) reaches the host, which
+// returns it in *host_message.
 int start_verdict(MPI_Comm world, int status, const std::string& message,
                   std::string* host_message = nullptr);
 // After a start verdict against the job (collective over the world): when some IPU's program
