@@ -40,6 +40,7 @@ packages=(
   libopenblas-dev                     # OpenBLAS: the peer GEMM of `ipupod bench matmul`
   slurm-wlm munge                     # the Slurm test brings up a single-node Slurm cluster
   slurm-wlm-basic-plugins             # srun --mpi=pmix (mpi_pmix.so) for Open MPI jobs
+  iproute2                            # ip netns: network namespaces as nodes (multi-node test)
   python3-matplotlib                  # scripts/scaling/plot.py: scaling plots
 )
 if [[ $bench -eq 1 ]]; then
