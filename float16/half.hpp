@@ -12,6 +12,7 @@ struct Half {
   std::uint16_t bits = 0;
   friend bool operator==(Half, Half) = default;
 };
+static_assert(sizeof(Half) == 2, "spans of Half are float16 arrays");
 
 // Exact (every float16 is a float32).
 float to_float(Half value);

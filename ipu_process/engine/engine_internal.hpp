@@ -182,6 +182,7 @@ struct Engine::CompiledComputeSet {
                           std::uint64_t key) {
     struct Scratch {
       std::vector<float> values, before;
+      std::vector<float16::Half> narrowed;
       std::vector<Region> regions;
       std::vector<std::span<const Region>> fields;
     };
@@ -235,13 +236,18 @@ struct Engine::CompiledComputeSet {
         if (std::memcmp(now, was, r.elements * sizeof(float)) == 0) continue;  // an input
         const std::uint64_t region_key = counter_hash(key + region_index);
         auto* out = reinterpret_cast<std::uint16_t*>(r.data);
-        for (std::size_t j = 0; j < r.elements; ++j) {
-          if (std::memcmp(now + j, was + j, sizeof(float)) == 0) continue;
-          out[j] = (rounding == Rounding::stochastic
-                        ? float16::to_half_stochastic(now[j], counter_hash(region_key + j))
-                        : float16::to_half(now[j]))
-                       .bits;
+        if (rounding == Rounding::stochastic) {
+          for (std::size_t j = 0; j < r.elements; ++j)
+            if (std::memcmp(now + j, was + j, sizeof(float)) != 0)
+              out[j] = float16::to_half_stochastic(now[j], counter_hash(region_key + j)).bits;
+          continue;
         }
+        // To nearest: the whole region at once (F16C where the CPU has it), then the elements
+        // the codelet wrote (an element it left keeps its bits, a NaN's payload too).
+        s.narrowed.resize(r.elements);
+        float16::narrow(std::span(now, r.elements), s.narrowed);
+        for (std::size_t j = 0; j < r.elements; ++j)
+          if (std::memcmp(now + j, was + j, sizeof(float)) != 0) out[j] = s.narrowed[j].bits;
       }
   }
 };

@@ -145,5 +145,43 @@ TEST(Half, WidenAndNarrowCheckSizes) {
   EXPECT_EQ(back, values);
 }
 
+// widen() and narrow() (8 values an instruction where the CPU has F16C) give exactly the bits
+// of the scalar conversions: every float16, including signalling NaNs among ordinary values.
+TEST(Half, WidenIsBitwiseTheScalarConversionForEveryFloat16) {
+  std::vector<Half> all(1U << 16);
+  for (std::uint32_t b = 0; b < all.size(); ++b) all[b].bits = static_cast<std::uint16_t>(b);
+  // Lengths that end mid-block too, from every offset of an 8-value block.
+  for (const std::size_t offset : {0U, 3U}) {
+    const std::span<const Half> from = std::span(all).subspan(offset, all.size() - offset - 2);
+    std::vector<float> to(from.size());
+    widen(from, to);
+    for (std::size_t i = 0; i < from.size(); ++i)
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(to[i]),
+                std::bit_cast<std::uint32_t>(to_float(from[i])))
+          << "float16 bits " << from[i].bits;
+  }
+}
+
+// For every sign, float32 exponent and top 10 mantissa bits (what float16 keeps), with low bits
+// at and around the rounding point's ties and random ones.
+TEST(Half, NarrowIsBitwiseTheScalarConversionForEveryFloat32Neighbourhood) {
+  std::mt19937 rng(16);
+  std::vector<std::uint32_t> lows = {0, 1, 2, 0x0FFF, 0x1000, 0x1001, 0x1FFE, 0x1FFF};
+  for (int i = 0; i < 8; ++i) lows.push_back(rng() & 0x1FFFU);
+  std::vector<float> from(lows.size() << 10);
+  std::vector<Half> to(from.size() + 5);
+  for (std::uint32_t top = 0; top < (1U << 9); ++top) {  // sign and exponent
+    for (std::uint32_t m = 0; m < (1U << 10); ++m)
+      for (std::size_t l = 0; l < lows.size(); ++l)
+        from[(m * lows.size()) + l] = std::bit_cast<float>((top << 23) | (m << 13) | lows[l]);
+    const std::span<const float> in = std::span(from).subspan(top % 8);  // every alignment
+    const std::span<Half> out = std::span(to).subspan(0, in.size());
+    narrow(in, out);
+    for (std::size_t i = 0; i < in.size(); ++i)
+      ASSERT_EQ(out[i].bits, to_half(in[i]).bits)
+          << "float32 bits " << std::bit_cast<std::uint32_t>(in[i]);
+  }
+}
+
 }  // namespace
 }  // namespace ipupod::float16
