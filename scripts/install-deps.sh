@@ -41,6 +41,7 @@ packages=(
   slurm-wlm munge                     # the Slurm test brings up a single-node Slurm cluster
   slurm-wlm-basic-plugins             # srun --mpi=pmix (mpi_pmix.so) for Open MPI jobs
   iproute2                            # ip netns: network namespaces as nodes (multi-node test)
+  help2man                            # the ipupod(1) man page, made from --help at build time
   python3-matplotlib                  # scripts/scaling/plot.py: scaling plots
 )
 if [[ $bench -eq 1 ]]; then

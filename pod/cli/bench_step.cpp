@@ -90,7 +90,8 @@ StepConfig resolve_config(const StepBenchOptions& o) {
 }
 
 // The peer script: --torch-script, else scripts/bench_step_torch.py in a folder above the
-// executable (build trees inside the sources), else in the sources this binary was built from.
+// executable (build trees inside the sources) or share/ipupod/ of an install tree, else in the
+// sources this binary was built from.
 std::string find_torch_script(const StepBenchOptions& o) {
   namespace fs = std::filesystem;
   const fs::path relative = fs::path("scripts") / "bench_step_torch.py";
@@ -106,7 +107,9 @@ std::string find_torch_script(const StepBenchOptions& o) {
   if (!ec)
     for (fs::path dir = exe.parent_path(); !dir.empty() && dir != dir.root_path();
          dir = dir.parent_path())
-      if (fs::is_regular_file(dir / relative)) return (dir / relative).string();
+      for (const fs::path& candidate :
+           {dir / relative, dir / "share" / "ipupod" / "bench_step_torch.py"})
+        if (fs::is_regular_file(candidate)) return candidate.string();
   const fs::path built_from = fs::path(IPUPOD_SOURCE_DIR) / relative;
   if (fs::is_regular_file(built_from)) return built_from.string();
   throw std::invalid_argument(

@@ -437,7 +437,7 @@ int main(int argc, char** argv) {
       "Trains models on emulated IPUs (one MPI rank each) and predicts their speed on "
       "real IPU hardware."};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "ipupod 0.1.0");
+  app.set_version_flag("--version", "ipupod " IPUPOD_VERSION);
 
   TrainConfig train_config;
   CLI::App* train = app.add_subcommand("train", "Train a model on the emulated pod (under mpirun)");

@@ -612,7 +612,8 @@ int run_host(const TrainConfig& config, MPI_Comm world) {
     const std::vector<nlohmann::json> reports = gather_unfit_reports(world, false);
     if (!reports.empty()) {
       write_file_atomically(config.run_dir, "memory.json", nlohmann::json(reports).dump(1) + "\n");
-      message += "; every IPU's memory report is in " + config.run_dir + "/memory.json";
+      message += (message.ends_with('.') ? " Every" : "; every") +
+                 std::string(" IPU's memory report is in ") + config.run_dir + "/memory.json";
     }
     std::cerr << "ipupod train: " << message << "\n";
     return verdict;

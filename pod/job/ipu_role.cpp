@@ -77,9 +77,10 @@ class IpuRole {
         relay_(fabric_.pipeline()) {}
 
   void compile();
+  void construct_engine();
   // Whether the compiled program fits the tiles: with --allow-out-of-memory a program that
   // does not is compiled and reported, but no tile memory backs it and it cannot run.
-  bool fits() const { return engine_->memory().tiles_over() == 0; }
+  bool fits() const { return engine_ && engine_->memory().tiles_over() == 0; }
   void initialise_weights();
   void exchange_checkpoint_manifests();
   int start_verdict_after_resume_check();
@@ -114,6 +115,10 @@ class IpuRole {
   models::Model model_, eval_model_;
   CompiledModel compiled_;
   std::optional<ipu::Engine> engine_;
+  // A program that does not fit (without --allow-out-of-memory): no engine, the reason and the
+  // memory report, for the host to print once (start_verdict) and write to memory.json.
+  std::string out_of_memory_;
+  std::optional<ipu::MemoryReport> unfit_memory_;
   std::map<std::string, ipu::Tensor> checkpointed_by_name_;
   // On the first stage: the tensors each later stage checkpoints ([name, shape, dtype]).
   std::vector<nlohmann::json> stage_tensors_;
@@ -146,6 +151,24 @@ void IpuRole::compile() {
                                .half_partials = config_.partials_type == "half"},
                               &eval_model_);
   // The engine takes the programs: their copy runs go once it has compiled its exchanges.
+  try {
+    construct_engine();
+  } catch (const ipu::OutOfMemoryError& e) {
+    out_of_memory_ = "IPU " + std::to_string(place_.ipu) + " (replica " +
+                     std::to_string(place_.replica) + ", stage " + std::to_string(place_.stage) +
+                     "): " + e.what();
+    unfit_memory_ = e.report();
+    return;
+  }
+#if defined(__GLIBC__)
+  // The graph's vertex tables and the lowering's working sets are freed but stay resident in
+  // the heap's free lists; give those pages back before the run touches its tile memory.
+  malloc_trim(0);
+#endif
+  checkpointed_by_name_.insert(compiled_.checkpointed.begin(), compiled_.checkpointed.end());
+}
+
+void IpuRole::construct_engine() {
   engine_.emplace(
       *compiled_.graph, std::move(compiled_.programs),
       ipu::EngineOptions{.allow_out_of_memory = config_.allow_out_of_memory,
@@ -156,12 +179,6 @@ void IpuRole::compile() {
                                                             : ipu::Rounding::nearest_even,
                                             .seed = config_.seed}},
       ipu::Engine::ReleaseGraphTables{});
-#if defined(__GLIBC__)
-  // The graph's vertex tables and the lowering's working sets are freed but stay resident in
-  // the heap's free lists; give those pages back before the run touches its tile memory.
-  malloc_trim(0);
-#endif
-  checkpointed_by_name_.insert(compiled_.checkpointed.begin(), compiled_.checkpointed.end());
 }
 
 // Every replica starts from the same weights: the initialiser is keyed by the seed only.
@@ -195,7 +212,10 @@ void IpuRole::exchange_checkpoint_manifests() {
 int IpuRole::start_verdict_after_resume_check() {
   int status = 0;
   std::string message;
-  if (!fits()) {
+  if (!engine_) {
+    status = 1;  // as `ipupod compile` does for a stage that does not fit
+    message = out_of_memory_;
+  } else if (!fits()) {
     const ipu::MemoryReport& memory = engine_->memory();
     const ipu::TileMemory* worst = &memory.tiles.front();
     for (const auto& tile : memory.tiles)
@@ -388,7 +408,7 @@ void IpuRole::relay_later_checkpoint_tensors(std::set<std::string>& saved) {
 // Later stages report their memory through the first one, which sends the replica's report,
 // its predicted timeline and its final weights to the host.
 nlohmann::json IpuRole::memory_report() const {
-  nlohmann::json report = memory_report_json(engine_->memory(), arch_);
+  nlohmann::json report = memory_report_json(engine_ ? engine_->memory() : *unfit_memory_, arch_);
   report["stage"] = place_.stage;
   report["stash_slots"] = compiled_.stash_slots;
   report["parameter_tensors"] = compiled_.parameters.size();

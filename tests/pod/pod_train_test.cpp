@@ -218,13 +218,26 @@ TEST_F(PodTrain, DataOfTheWrongKindForTheModelIsBadInput) {
                    "/targets must hold one int32 class label per sample for a classifier");
 }
 
+// A model that does not fit: exit 1 at start-up with the worst tiles' report, said once by the
+// host whatever the number of IPUs (before, every IPU rank printed it and aborted the job), and
+// every IPU's memory report in memory.json.
 TEST_F(PodTrain, ModelThatDoesNotFitFailsWithTheTileReport) {
-  const Result r = run(mpirun(2) + "train --hidden 1024 --data " + data().string() +
-                       " --arch tiny --run-dir " + (dir() / "oom").string());
+  const fs::path run_dir = dir() / "oom";
+  const Result r = run(mpirun(3) + "train --hidden 1024 --data " + data().string() +
+                       " --arch tiny --replicas 2 --run-dir " + run_dir.string());
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  for (const char* part : {"Out of memory: Cannot fit all variable data onto one or more tiles",
-                           "largest tensors: 'fc0.", "Try: more pipeline stages"})
+  for (const char* part :
+       {"IPU 0 (replica 0, stage 0): Out of memory: Cannot fit all variable "
+        "data onto one or more tiles",
+        "largest tensors: 'fc0.", "Try: more pipeline stages", "IPU's memory report is in "})
     EXPECT_NE(r.output.find(part), std::string::npos) << part << " not in:\n" << r.output;
+  EXPECT_EQ(r.output.find("Out of memory"), r.output.rfind("Out of memory")) << r.output;
+  EXPECT_EQ(r.output.find("MPI_ABORT"), std::string::npos) << r.output;
+  std::ifstream in(run_dir / "memory.json");
+  ASSERT_TRUE(in) << r.output;
+  const auto memory = nlohmann::json::parse(in);
+  ASSERT_EQ(memory.size(), 2u);
+  for (const auto& ipu : memory) EXPECT_GT(ipu.at("tiles_over_capacity").get<int>(), 0);
 }
 
 // --allow-out-of-memory, which the out-of-memory advice names, compiles a model that does not
