@@ -153,6 +153,9 @@ class Engine {
   CycleBreakdown time(const std::string& program);
   const CycleBreakdown& cycles() const { return cycles_; }  // accumulated over every run
   const std::vector<TraceEvent>& trace() const { return trace_; }
+  // Whether runs record trace events (on by default; at most EngineOptions::trace_events in
+  // all): a caller keeps a window of its run, e.g. from a later step on.
+  void set_tracing(bool on) { tracing_ = on; }
   double seconds(const CycleBreakdown& c) const;  // on the preset's clock
 
   // Host access between runs, to always-live tensors or those given Graph::set_host_access.
@@ -244,6 +247,7 @@ class Engine {
   bool timing_only_ = false;            // inside time(): account, move no data
   std::uint64_t compute_set_runs_ = 0;  // executions so far, keys stochastic rounding
   std::vector<TraceEvent> trace_;
+  bool tracing_ = true;
   std::vector<std::byte> staging_;
   std::unique_ptr<ThreadPool> pool_;
 };

@@ -59,6 +59,7 @@ void validate_counts(const TrainConfig& c) {
   count(c.warmup_steps, 0, "--warmup-steps");
   count(c.shuffle_window, 0, "--shuffle-window");
   count(c.trace_events, 0, "--trace-events");
+  count(c.trace_from_step, 0, "--trace-from-step");
   count(c.checkpoint_every, 0, "--checkpoint-every");
   count(c.checkpoint_keep, 0, "--checkpoint-keep");
   checked_product({{c.micro_batch, "--micro-batch"},
@@ -227,6 +228,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"bind_address", c.bind_address},
           {"timeout", c.timeout_s},
           {"trace_events", c.trace_events},
+          {"trace_from_step", c.trace_from_step},
           {"checkpoint_every", c.checkpoint_every},
           {"checkpoint_keep", c.checkpoint_keep},
           {"global_batch", c.global_batch()}};

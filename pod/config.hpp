@@ -72,6 +72,7 @@ struct TrainConfig {
   std::string bind_address = "0.0.0.0";  // every interface: IPU ranks on other nodes reach it
   double timeout_s = 120;                // host <-> IPU stream operations
   std::size_t trace_events = 4000;  // first events of each IPU's predicted timeline in trace.json
+  std::size_t trace_from_step = 0;  // host step (from the run's start) where the trace begins
   // Checkpoints: every N host steps and at the end (0: none), into the run directory as
   // checkpoint-<host step>.h5, keeping the newest `checkpoint_keep` of this run (0: all).
   std::size_t checkpoint_every = 0;

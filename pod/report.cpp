@@ -49,6 +49,17 @@ nlohmann::json memory_report_json(const ipu::MemoryReport& report, const ipu::Ar
           {"per_tile", tiles}};
 }
 
+namespace {
+// The trace's threads of an IPU, one per kind of work, in this order (tid = index + 1).
+constexpr const char* kTraceThreads[] = {"compute", "exchange", "sync", "host", "fabric"};
+
+int trace_thread(const char* category) {
+  for (std::size_t i = 0; i < std::size(kTraceThreads); ++i)
+    if (std::string_view(category) == kTraceThreads[i]) return static_cast<int>(i) + 1;
+  return static_cast<int>(std::size(kTraceThreads)) + 1;  // an unknown kind: its own thread
+}
+}  // namespace
+
 nlohmann::json trace_json(const std::vector<ipu::TraceEvent>& events, const ipu::ArchPreset& arch) {
   nlohmann::json out = nlohmann::json::array();
   const double us_per_cycle = 1e6 / arch.clock_hz;
@@ -58,8 +69,27 @@ nlohmann::json trace_json(const std::vector<ipu::TraceEvent>& events, const ipu:
                    {"ph", "X"},
                    {"ts", static_cast<double>(e.start_cycles) * us_per_cycle},
                    {"dur", static_cast<double>(e.cycles) * us_per_cycle},
-                   {"tid", e.category}});
+                   {"tid", trace_thread(e.category)}});
   return out;
+}
+
+void append_ipu_trace(nlohmann::json& trace_events, nlohmann::json events, std::size_t ipu,
+                      const std::string& label) {
+  const auto metadata = [&](const char* name, int tid, nlohmann::json args) {
+    nlohmann::json m = {{"name", name}, {"ph", "M"}, {"pid", ipu}, {"args", std::move(args)}};
+    if (tid > 0) m["tid"] = tid;
+    trace_events.push_back(std::move(m));
+  };
+  metadata("process_name", 0, {{"name", label}});
+  metadata("process_sort_index", 0, {{"sort_index", ipu}});
+  for (std::size_t i = 0; i < std::size(kTraceThreads); ++i) {
+    metadata("thread_name", static_cast<int>(i) + 1, {{"name", kTraceThreads[i]}});
+    metadata("thread_sort_index", static_cast<int>(i) + 1, {{"sort_index", i}});
+  }
+  for (auto& event : events) {
+    event["pid"] = ipu;
+    trace_events.push_back(std::move(event));
+  }
 }
 
 void write_file_atomically(const std::string& dir, const std::string& name,

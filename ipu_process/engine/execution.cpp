@@ -25,7 +25,7 @@ CycleBreakdown CycleBreakdown::operator-(const CycleBreakdown& o) const {
 
 void Engine::account(const char* category, std::uint64_t CycleBreakdown::*field,
                      std::uint64_t cycles, const std::string& name) {
-  if (trace_.size() < options_.trace_events)
+  if (tracing_ && trace_.size() < options_.trace_events)
     trace_.push_back({name, category, cycles_.total(), cycles});
   cycles_.*field += cycles;
 }

@@ -37,8 +37,9 @@ int usage_status(const Ranks& ranks, const char* command, const std::function<vo
 }
 
 [[noreturn]] void abort_command(MPI_Comm world, const char* command, const std::string& what) {
-  std::cerr << "ipupod " << command << ": error on rank " << ranks_of(world).rank << ": " << what
-            << std::endl;
+  const std::string message = std::string("ipupod ") + command + ": error on rank " +
+                              std::to_string(ranks_of(world).rank) + ": " + what + "\n";
+  std::cerr << message << std::flush;  // one write, not split by mpirun's own notices
   MPI_Abort(world, 1);
   std::abort();
 }

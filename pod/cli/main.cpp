@@ -300,7 +300,14 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
       ->capture_default_str();
   train
       .add_option("--trace-events", c.trace_events,
-                  "Events of each IPU's predicted timeline kept for trace.json (0: none)")
+                  "Events of each IPU's predicted timeline kept for trace.json (0: none): a "
+                  "window of at most this many events per IPU, from --trace-from-step on")
+      ->check(whole_number(0, kMaxCount))
+      ->capture_default_str();
+  train
+      .add_option("--trace-from-step", c.trace_from_step,
+                  "Host step (counted from the run's start) where trace.json's window begins "
+                  "(0: from the start, compile-time initialisation included)")
       ->check(whole_number(0, kMaxCount))
       ->capture_default_str();
   train

@@ -525,17 +525,17 @@ FinalReports HostRole::collect_reports() {
     j["ipu"] = r * c_.stages;
     j["replica"] = r;
     const std::size_t tensors = j.at("parameter_tensors");
-    for (auto& event : j.at("trace")) {
-      event["pid"] = r * c_.stages;
-      out.trace["traceEvents"].push_back(std::move(event));
-    }
-    out.trace["traceEvents"].push_back({{"name", "process_name"},
-                                        {"ph", "M"},
-                                        {"pid", r * c_.stages},
-                                        {"args",
-                                         {{"name", "IPU " + std::to_string(r * c_.stages) +
-                                                       " (replica " + std::to_string(r) + ")"}}}});
-    j.erase("trace");
+    // Every IPU of the job is a process of trace.json: the replica's stages side by side.
+    const auto add_trace = [&](nlohmann::json& report, std::size_t stage) {
+      const std::size_t ipu = r * c_.stages + stage;
+      std::string label = "IPU " + std::to_string(ipu) + " (replica " + std::to_string(r);
+      label += c_.stages > 1 ? ", stage " + std::to_string(stage) + ")" : ")";
+      append_ipu_trace(out.trace["traceEvents"], std::move(report.at("trace")), ipu, label);
+      report.erase("trace");
+    };
+    add_trace(j, 0);
+    if (j.contains("later_stages"))
+      for (auto& later : j.at("later_stages")) add_trace(later, later.at("stage"));
     for (std::size_t p = 0; p < tensors; ++p)
       weights[r].push_back(std::move(expect_frame(*server_, r, kWeightFrames).array.bytes));
     out.memory.push_back(std::move(j));

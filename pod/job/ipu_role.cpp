@@ -166,6 +166,7 @@ void IpuRole::compile() {
   malloc_trim(0);
 #endif
   checkpointed_by_name_.insert(compiled_.checkpointed.begin(), compiled_.checkpointed.end());
+  engine_->set_tracing(config_.trace_from_step == 0);  // the window may begin later
 }
 
 void IpuRole::construct_engine() {
@@ -331,6 +332,7 @@ int IpuRole::train_and_evaluate() {
     const std::size_t first = epoch == startup_.resume_epoch ? startup_.resume_step : 0;
     for (std::size_t s = first; s < startup_.train_steps; ++s, ++step_) {
       const ipu::CycleBreakdown before = engine_->cycles();
+      engine_->set_tracing(step_ >= config_.trace_from_step);  // trace.json's window
       engine_->run("train");
       training_ += engine_->cycles() - before;
       const bool due = checkpoint_due_within_epoch(config_, step_ + 1, s, startup_.train_steps);
@@ -420,10 +422,10 @@ nlohmann::json IpuRole::memory_report() const {
 
 void IpuRole::send_reports_and_weights() {
   nlohmann::json report = memory_report();
+  report["trace"] = trace_json(engine_->trace(), arch_);  // every stage's, for trace.json
   std::vector<nlohmann::json> later = relay_.gather_reports(report);
   if (!first_stage()) return;
   if (!later.empty()) report["later_stages"] = std::move(later);
-  report["trace"] = trace_json(engine_->trace(), arch_);
   client_->send({kReportFrames, step_, text_array(report.dump())});
   for (const auto& [id, tensor] : compiled_.parameters) {
     const std::vector<float> values = engine_->read_values(tensor);  // float32 for the host

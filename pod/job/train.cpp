@@ -38,9 +38,12 @@ void abort_job(MPI_Comm world, const std::string& what) {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   int rank = 0;
   MPI_Comm_rank(world, &rank);
-  std::cerr << "ipupod train: error on rank " << rank
-            << (rank == 0 ? " (host)" : " (IPU " + std::to_string(rank - 1) + ")") << ": " << what
-            << std::endl;
+  // One write: mpirun forwards a rank's stderr in the pieces it was written in, and its own
+  // MPI_ABORT notice can land between them.
+  const std::string message = "ipupod train: error on rank " + std::to_string(rank) +
+                              (rank == 0 ? " (host)" : " (IPU " + std::to_string(rank - 1) + ")") +
+                              ": " + what + "\n";
+  std::cerr << message << std::flush;
   MPI_Abort(world, 1);
   std::abort();  // MPI_Abort does not return; this keeps [[noreturn]] honest
 }

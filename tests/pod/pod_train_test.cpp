@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -140,6 +141,54 @@ TEST_F(PodTrain, TwoReplicasLearnAndEndWithBitwiseIdenticalWeights) {
   EXPECT_EQ(pids, (std::set<int>{0, 1}));
   for (const char* c : {"compute", "exchange", "sync", "host", "fabric"})
     EXPECT_TRUE(categories.count(c)) << c;
+}
+
+// trace.json of a pipelined pod: every IPU (both stages of both replicas) is a named process
+// with named threads, each a window of at most --trace-events events from --trace-from-step on,
+// in the Chrome trace format's shape (integer pid and tid, ts and dur in microseconds).
+TEST_F(PodTrain, TraceJsonShowsEveryIpuOfThePodFromTheChosenStep) {
+  std::map<int, double> first_event;  // earliest event of IPU 0 by --trace-from-step
+  for (int from : {0, 3}) {
+    const fs::path run_dir = dir() / ("trace-from-" + std::to_string(from));
+    const Result r = run(mpirun(5) + "train --model mlp --hidden 16 --data " + data().string() +
+                         " --replicas 2 --stages 2 --micro-batch 10 --gradient-accumulation 2"
+                         " --epochs 1 --arch tiny --topology m2000 --trace-events 300"
+                         " --trace-from-step " +
+                         std::to_string(from) + " --run-dir " + run_dir.string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream in(run_dir / "trace.json");
+    const auto trace = nlohmann::json::parse(in);
+    std::map<int, std::string> process_names;
+    std::map<int, std::set<int>> named_threads, used_threads;
+    std::map<int, std::size_t> events;
+    std::map<int, double> earliest;
+    for (const auto& e : trace.at("traceEvents")) {
+      const int pid = e.at("pid").get<int>();
+      const std::string ph = e.at("ph");
+      if (ph == "M") {
+        if (e.at("name") == "process_name") process_names[pid] = e.at("args").at("name");
+        if (e.at("name") == "thread_name") named_threads[pid].insert(e.at("tid").get<int>());
+        continue;
+      }
+      ASSERT_EQ(ph, "X") << e.dump();
+      const double ts = e.at("ts").get<double>(), dur = e.at("dur").get<double>();
+      EXPECT_GE(ts, 0) << e.dump();
+      EXPECT_GE(dur, 0) << e.dump();
+      used_threads[pid].insert(e.at("tid").get<int>());
+      ++events[pid];
+      earliest[pid] = earliest.count(pid) ? std::min(earliest[pid], ts) : ts;
+    }
+    ASSERT_EQ(process_names.size(), 4u) << "one process per IPU";
+    EXPECT_EQ(process_names[3], "IPU 3 (replica 1, stage 1)");
+    for (int ipu = 0; ipu < 4; ++ipu) {
+      EXPECT_GT(events[ipu], 0u) << "IPU " << ipu;
+      EXPECT_LE(events[ipu], 300u) << "IPU " << ipu;
+      for (int tid : used_threads[ipu]) EXPECT_TRUE(named_threads[ipu].count(tid)) << tid;
+    }
+    first_event[from] = earliest[0];
+  }
+  // The window begins at host step 3: after the compile-time set-up and three steps' work.
+  EXPECT_GT(first_event[3], first_event[0]);
 }
 
 // The main job in small: the HAE on real climate patches (Debian's netCDF fields), split over
