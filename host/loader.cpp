@@ -47,7 +47,7 @@ std::uint64_t uniform_below(std::mt19937_64& engine, std::uint64_t bound) {
 class Loader::Prefetcher {
  public:
   explicit Prefetcher(const Loader& loader)
-      : loader_(loader), cursor_(loader.config().replicas, 0) {
+      : loader_(loader), cursor_(loader.served_replicas().size(), 0) {
     // Several readers take the next unclaimed step each; a step is read by exactly one of them.
     for (std::size_t t = 0; t < std::max<std::size_t>(1, loader.config().reader_threads); ++t)
       threads_.emplace_back([this] { run(); });
@@ -66,6 +66,9 @@ class Loader::Prefetcher {
   // Hands out replica's batch of host step `position` (epoch * steps_per_epoch + step) if the
   // window has it, waiting while it is being read; false if the request must be read directly.
   bool take(std::uint64_t position, std::size_t replica, Batch& out) {
+    const std::size_t first = loader_.config().first_replica;
+    if (replica < first || replica - first >= cursor_.size()) return false;  // not served here
+    replica -= first;
     std::unique_lock<std::mutex> lock(mutex_);
     if (position + 1 <= cursor_[replica]) return false;  // a repeat or a step back
     cursor_[replica] = position + 1;
@@ -116,8 +119,7 @@ class Loader::Prefetcher {
   };
 
   void run() {
-    std::vector<std::size_t> replicas(loader_.config().replicas);
-    std::iota(replicas.begin(), replicas.end(), std::size_t{0});
+    const std::vector<std::size_t> replicas = loader_.served_replicas();
     const std::size_t steps = loader_.steps_per_epoch();
     std::unique_lock<std::mutex> lock(mutex_);
     const auto unclaimed = [&] {
@@ -219,6 +221,11 @@ std::size_t default_max_memory_bytes() {
 Loader::Loader(LoaderConfig config) : config_(std::move(config)), file_(config_.path) {
   info_ = file_.info(config_.split);
   if (config_.replicas == 0) throw DatasetError("loader: replicas must be at least 1");
+  if (config_.first_replica >= config_.replicas ||
+      config_.served_replicas > config_.replicas - config_.first_replica)
+    throw DatasetError("loader: serves replicas " + std::to_string(config_.first_replica) + " + " +
+                       std::to_string(config_.served_replicas) + " of " +
+                       std::to_string(config_.replicas));
   if (config_.samples_per_step == 0) {
     throw DatasetError(
         "loader: samples per step (micro-batch x gradient accumulation x device "
@@ -315,6 +322,10 @@ std::vector<Batch> Loader::read_batches(std::size_t epoch, std::size_t step,
                                         std::vector<std::exception_ptr>& errors) const {
   const auto order = epoch_order(epoch);
   const std::size_t per_batch = config_.samples_per_step;
+  {
+    std::lock_guard<std::mutex> guard(stats_mutex_);
+    stats_.read += replicas.size();
+  }
   if (windowed()) read_ahead(epoch, *order, step * per_batch * config_.replicas);
   std::vector<Batch> batches(replicas.size());
   std::vector<std::vector<std::size_t>> indices(replicas.size());
@@ -479,6 +490,14 @@ void Loader::recycle(Batch&& batch) const {
     spare_.push_back(std::move(array->bytes));
     array->bytes.clear();
   }
+}
+
+std::vector<std::size_t> Loader::served_replicas() const {
+  const std::size_t count = config_.served_replicas > 0 ? config_.served_replicas
+                                                        : config_.replicas - config_.first_replica;
+  std::vector<std::size_t> out(count);
+  std::iota(out.begin(), out.end(), config_.first_replica);
+  return out;
 }
 
 Batch Loader::batch(std::size_t epoch, std::size_t step, std::size_t replica) const {

@@ -24,6 +24,11 @@ struct LoaderConfig {
   std::string path;
   std::string split = "train";
   std::size_t replicas = 1;
+  // The replicas this loader serves (a host instance's): first_replica and the next
+  // served_replicas (0: all from first_replica on). Its background reader reads only their
+  // batches; the sharding over all `replicas` is the same whichever it serves.
+  std::size_t first_replica = 0;
+  std::size_t served_replicas = 0;
   // Per replica per host step: micro-batch x gradient accumulation x device iterations.
   std::size_t samples_per_step = 1;
   bool shuffle = true;
@@ -94,6 +99,8 @@ class Loader {
   Loader& operator=(const Loader&) = delete;
 
   const LoaderConfig& config() const { return config_; }
+  // The replicas it serves, in order (LoaderConfig::first_replica, served_replicas).
+  std::vector<std::size_t> served_replicas() const;
   const SplitInfo& info() const { return info_; }
   const DatasetFile& file() const { return file_; }
   // True if the split was preloaded (see LoaderConfig::max_memory_bytes).
@@ -126,11 +133,12 @@ class Loader {
   // per 4 KiB. Optional; a batch that is never given back is simply freed.
   void recycle(Batch&& batch) const;
 
-  // Counters for tests and benchmarks: batches handed out from the prefetched window, and
-  // batches read synchronously in batch().
+  // Counters for tests and benchmarks: batches handed out from the prefetched window,
+  // batches read synchronously in batch(), and batches read from the file (by either way).
   struct Stats {
     std::size_t prefetched = 0;
     std::size_t synchronous = 0;
+    std::size_t read = 0;
   };
   Stats stats() const;
 

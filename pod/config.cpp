@@ -51,6 +51,7 @@ void validate_counts(const TrainConfig& c) {
   };
   count(c.replicas, 1, "--replicas");
   count(c.stages, 1, "--stages");
+  count(c.host_instances, 1, "--host-instances");
   count(c.micro_batch, 1, "--micro-batch");
   count(c.gradient_accumulation, 1, "--gradient-accumulation");
   count(c.device_iterations, 1, "--device-iterations");
@@ -70,6 +71,14 @@ void validate_counts(const TrainConfig& c) {
   // The world is 1 host + replicas x stages IPU ranks, and MPI counts ranks with int.
   checked_product({{c.replicas, "--replicas"}, {c.stages, "--stages"}}, kMaxCount - 1,
                   "IPU ranks (1 host + replicas x stages must fit in an MPI world)");
+  if (c.ipus() > kMaxCount - c.host_instances)
+    throw UsageError("--host-instances " + std::to_string(c.host_instances) + " + " +
+                     std::to_string(c.ipus()) + " IPU ranks do not fit in an MPI world (at most " +
+                     std::to_string(kMaxCount) + " ranks); use fewer host instances");
+  if (c.replicas % c.host_instances != 0)
+    throw UsageError("--host-instances " + std::to_string(c.host_instances) +
+                     " must divide --replicas " + std::to_string(c.replicas) +
+                     ": each host instance serves the same number of replicas");
 }
 
 void validate_pipeline(const TrainConfig& c) {
@@ -100,7 +109,8 @@ void validate(const TrainConfig& c, int world_size) {
   if (c.data.empty()) throw UsageError("--data is required: an HDF5 file made by `ipupod data`");
   validate_job(c);
   if (world_size != static_cast<int>(c.world_size()))
-    throw UsageError("the MPI world has " + std::to_string(world_size) + " ranks, but 1 host + " +
+    throw UsageError("the MPI world has " + std::to_string(world_size) + " ranks, but " +
+                     std::to_string(c.host_instances) + " host instance(s) + " +
                      std::to_string(c.replicas) + " replicas x " + std::to_string(c.stages) +
                      " stages needs " + std::to_string(c.world_size()) + "; run with `mpirun -n " +
                      std::to_string(c.world_size()) + " ipupod train ...`");
@@ -229,6 +239,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"timeout", c.timeout_s},
           {"trace_events", c.trace_events},
           {"trace_from_step", c.trace_from_step},
+          {"host_instances", c.host_instances},
           {"checkpoint_every", c.checkpoint_every},
           {"checkpoint_keep", c.checkpoint_keep},
           {"global_batch", c.global_batch()}};

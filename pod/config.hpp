@@ -79,8 +79,13 @@ struct TrainConfig {
   std::size_t checkpoint_keep = 2;
   std::string resume;  // a checkpoint to continue from ("" : start afresh)
 
+  // Host ranks, as PopRun's instances: each serves replicas / host_instances replicas from its
+  // own reader of the data file and stream server (one per node in a real launch).
+  std::size_t host_instances = 1;
+
   std::size_t ipus() const { return replicas * stages; }
-  std::size_t world_size() const { return 1 + ipus(); }
+  std::size_t world_size() const { return host_instances + ipus(); }
+  std::size_t replicas_per_instance() const { return replicas / host_instances; }
   // Samples one replica consumes per host step (one run of the device's training program).
   std::size_t samples_per_replica_step() const {
     return micro_batch * gradient_accumulation * device_iterations;

@@ -251,6 +251,13 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
   train.add_option("--replicas", c.replicas, "Data-parallel replicas (PopTorch replicationFactor)")
       ->check(whole_number(1, kMaxCount))
       ->capture_default_str();
+  train
+      .add_option("--host-instances,--num-instances", c.host_instances,
+                  "Host ranks (PopRun's instances), each serving replicas / N replicas from its "
+                  "own reader of the data; ranks in blocks: host instance i, then its replicas' "
+                  "IPUs (one block per node in a multi-node launch)")
+      ->check(whole_number(1, kMaxCount))
+      ->capture_default_str();
   train.add_option("--epochs", c.epochs, "Passes over the training split")
       ->check(whole_number(1, kMaxCount))
       ->capture_default_str();
@@ -329,7 +336,9 @@ void add_train_options(CLI::App& train, TrainConfig& c) {
                    "Continue from a checkpoint; the run ends bitwise identical to one never "
                    "stopped (same options, --epochs may grow)");
   train.footer(
-      "Run under MPI with 1 + replicas x stages ranks: rank 0 is the host, the others are IPUs.\n"
+      "Run under MPI with 1 + replicas x stages ranks: rank 0 is the host, the others are IPUs\n"
+      "(with --host-instances N: N + replicas x stages ranks in N blocks, each a host and its\n"
+      "replicas' IPUs).\n"
       "  mpirun -n 3 ipupod train --model mlp --data fashion-mnist.h5 --replicas 2");
 }
 

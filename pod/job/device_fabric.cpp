@@ -17,7 +17,7 @@ fabric::ReduceOp reduce_op(ipu::CollectiveOp op) {
 std::vector<int> pipeline_ranks(const TrainConfig& config, const IpuPlace& place) {
   std::vector<int> ranks;
   for (std::size_t s = 0; s < config.stages; ++s)
-    ranks.push_back(1 + place.replica * static_cast<int>(config.stages) + static_cast<int>(s));
+    ranks.push_back(ipu_rank(config, static_cast<std::size_t>(place.replica), s));
   return ranks;
 }
 

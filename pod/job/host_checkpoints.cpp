@@ -385,9 +385,6 @@ host::Checkpoint load_resume(const TrainConfig& c, Startup& startup, Progress& p
   startup.resume_host_step = progress.host_step;
   startup.resume_cycles = progress.cycles;
   for (const auto& [name, array] : checkpoint.tensors) startup.resume_shapes[name] = array.shape;
-  std::cout << "ipupod: resuming from " << c.resume << " at epoch " << progress.epoch + 1
-            << ", step " << progress.step << " (host step " << progress.host_step << ")"
-            << std::endl;
   return checkpoint;
 }
 

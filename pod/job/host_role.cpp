@@ -23,6 +23,7 @@
 #include "ipu_process/arch.hpp"
 #include "pod/job/data_checks.hpp"
 #include "pod/job/host_checkpoints.hpp"
+#include "pod/job/host_instances.hpp"
 #include "pod/job/protocol.hpp"
 #include "pod/job/scoring.hpp"
 #include "pod/job/stop_signal.hpp"
@@ -92,11 +93,25 @@ struct FinalReports {
   std::vector<std::string> checksums;
 };
 
-// The host rank's part of the job, step by step (run_host below reads as their sequence).
+// MPI tags of what the host instances send instance 0 (on the hosts' communicator).
+constexpr int kEvaluationTag = 21, kReportTag = 22, kWeightTag = 23;
+
+// A host rank's part of the job, step by step (run_host below reads as their sequence). With
+// several host instances each serves its own replicas, and the first (rank 0) also receives
+// from the others what it needs to write the run directory.
 class HostRole {
  public:
   HostRole(const TrainConfig& config, MPI_Comm world)
-      : c_(config), world_(world), arch_(ipu::ArchPreset::get(config.arch)) {}
+      : c_(config),
+        world_(world),
+        arch_(ipu::ArchPreset::get(config.arch)),
+        instance_(instance_of(config, rank_of(world))),
+        first_replica_(instance_ * config.replicas_per_instance()),
+        local_replicas_(config.replicas_per_instance()) {}
+
+  // The host instances' communicator, once the job's groups are split.
+  void join(MPI_Comm hosts) { hosts_ = hosts; }
+  bool first_instance() const { return instance_ == 0; }
 
   // Opens the data, checks it against the model, starts the stream server, reads --resume;
   // the start-up record says what failed (status 2: bad input, 1: other).
@@ -129,9 +144,18 @@ class HostRole {
   void checkpoint(std::size_t e, std::size_t next_step, std::uint64_t host_step, double epoch_loss,
                   double seconds);
 
+  static int rank_of(MPI_Comm world) {
+    int rank = 0;
+    MPI_Comm_rank(world, &rank);
+    return rank;
+  }
+  std::size_t replica_of(std::size_t local) const { return first_replica_ + local; }
+
   const TrainConfig& c_;
   MPI_Comm world_;
   const ipu::ArchPreset& arch_;
+  const std::size_t instance_, first_replica_, local_replicas_;
+  MPI_Comm hosts_ = MPI_COMM_NULL;
   Startup startup_;
   std::unique_ptr<host::Loader> train_, test_;
   std::unique_ptr<host::StreamServer> server_;
@@ -177,6 +201,8 @@ void HostRole::open_data() {
       host::LoaderConfig{.path = c_.data,
                          .split = "train",
                          .replicas = c_.replicas,
+                         .first_replica = first_replica_,
+                         .served_replicas = local_replicas_,
                          .samples_per_step = c_.samples_per_replica_step(),
                          .shuffle = c_.shuffle,
                          .shuffle_window = c_.shuffle_window,
@@ -188,6 +214,8 @@ void HostRole::open_data() {
   test_ = std::make_unique<host::Loader>(host::LoaderConfig{.path = c_.data,
                                                             .split = "test",
                                                             .replicas = c_.replicas,
+                                                            .first_replica = first_replica_,
+                                                            .served_replicas = local_replicas_,
                                                             .samples_per_step = c_.micro_batch,
                                                             .shuffle = false,
                                                             .seed = c_.seed,
@@ -206,12 +234,14 @@ void HostRole::open_data() {
     std::vector<std::string> warnings;
     startup_.classes =
         check_classification_data(train_->file(), models::ModelOptions{}.classes, warnings);
-    for (const std::string& warning : warnings)
-      std::cerr << "ipupod train: warning: " << warning << "\n";
+    if (first_instance())
+      for (const std::string& warning : warnings)
+        std::cerr << "ipupod train: warning: " << warning << "\n";
   } else {
     scoring_ = check_target_data(train_->file(), model);
   }
-  scan_for_non_finite_values(train_->file());
+  // Once for the job, by the first instance (every instance's loader checks what it reads).
+  if (first_instance()) scan_for_non_finite_values(train_->file());
   startup_.train_steps = train_->steps_per_epoch();
   startup_.test_steps = test_->steps_per_epoch();
 }
@@ -225,15 +255,23 @@ Startup HostRole::prepare() {
         host::ServerConfig{.bind_address = c_.bind_address,
                            .port = 0,
                            .secret = startup_.secret,
-                           .clients = c_.replicas,
+                           .clients = local_replicas_,
                            .timeout = timeout,
                            .hello_timeout = std::min(timeout, host::ServerConfig{}.hello_timeout),
                            .log = {}});
     startup_.address = server_->announced_address();
     startup_.port = server_->port();
-    if (!c_.resume.empty()) resume_ = load_resume(c_, startup_, progress_);
-    std::filesystem::create_directories(c_.run_dir);
-    checkpoints_written_ = prepare_checkpoint_directory(c_, startup_);
+    if (!c_.resume.empty()) {
+      resume_ = load_resume(c_, startup_, progress_);
+      if (first_instance())
+        std::cout << "ipupod: resuming from " << c_.resume << " at epoch " << progress_.epoch + 1
+                  << ", step " << progress_.step << " (host step " << progress_.host_step << ")"
+                  << std::endl;
+    }
+    if (first_instance()) {  // the run directory is the first instance's
+      std::filesystem::create_directories(c_.run_dir);
+      checkpoints_written_ = prepare_checkpoint_directory(c_, startup_);
+    }
   } catch (const host::DatasetError& e) {
     startup_.status = 2;
     startup_.message = e.what();
@@ -254,7 +292,7 @@ Startup HostRole::prepare() {
 }
 
 // The stream timeouts start now: a compile of minutes was no stall. Every rank learns whether
-// all replicas connected; when not, *message says why (an IPU's reason before the host's).
+// all replicas connected; when not, *message says why (an IPU's reason before a host's).
 int HostRole::accept_stream_clients(std::string* message) {
   int status = 0;
   std::string own;
@@ -264,19 +302,21 @@ int HostRole::accept_stream_clients(std::string* message) {
     status = 1;
     own = e.what();
   }
-  const int verdict = start_verdict(world_, status, own, message);
-  if (verdict != 0)
-    *message +=
-        " (the host listened on " + c_.bind_address + ", announced as '" + startup_.address + "')";
+  const std::string listened =
+      " listened on " + c_.bind_address + ", announced as '" + startup_.address + "')";
+  if (c_.host_instances > 1 && status != 0)  // which instance: its own message says
+    own += " (host instance " + std::to_string(instance_) + listened;
+  const int verdict = start_verdict(world_, true, status, own, message);
+  if (verdict != 0 && c_.host_instances == 1) *message += " (the host" + listened;
   return verdict;
 }
 
 void HostRole::serve_resumed_tensors() {
   if (!startup_.resume) return;
-  for (std::size_t r = 0; r < c_.replicas; ++r) {
+  for (std::size_t l = 0; l < local_replicas_; ++l) {
     std::uint64_t index = 0;
     for (const auto& [name, array] : resume_.tensors)
-      server_->send(r, {kCheckpointFrames, index++, array});
+      server_->send(l, {kCheckpointFrames, index++, array});
   }
   resume_ = {};
 }
@@ -290,22 +330,25 @@ void HostRole::print_banner() const {
             << startup_.test_steps * c_.micro_batch * c_.replicas << " test samples" << std::endl;
 }
 
-// One feeder per replica sends its shard ahead of the IPU, as far as its credits allow.
+// One feeder per replica of this instance sends its shard ahead of the IPU, as far as its
+// credits allow.
 void HostRole::start_feeders() {
-  for (std::size_t r = 0; r < c_.replicas; ++r) feeders_.emplace_back([this, r] { feed(r); });
+  for (std::size_t l = 0; l < local_replicas_; ++l) feeders_.emplace_back([this, l] { feed(l); });
 }
 
-void HostRole::feed(std::size_t r) {
+// `l`: the replica's index among this instance's (its stream), the shard is replica_of(l)'s.
+void HostRole::feed(std::size_t l) {
+  const std::size_t r = replica_of(l);
   try {
     std::uint64_t step = startup_.resume_host_step;
     for (std::size_t e = startup_.resume_epoch; e < c_.epochs; ++e) {
       const std::size_t first = e == startup_.resume_epoch ? startup_.resume_step : 0;
       for (std::size_t s = first; s < startup_.train_steps; ++s, ++step)
-        send_training_step(r, e, s, step);
+        send_training_step(l, e, s, step);
       for (std::size_t t = 0; t < startup_.test_steps; ++t) {
         const host::Batch b = test_->batch(0, t, r);
-        server_->send(r, {kInputFrames, step, b.inputs});
-        server_->send(r, {kLabelFrames, step, b.targets});
+        server_->send(l, {kInputFrames, step, b.inputs});
+        server_->send(l, {kLabelFrames, step, b.targets});
       }
     }
   } catch (const std::exception& e) {
@@ -323,15 +366,16 @@ void HostRole::feed(std::size_t r) {
 // Uncompressed preloaded data goes from the file's pages into the socket (the file checked for
 // truncation once each frame has its credit, just before its pages are read); other data is
 // copied out of the file by the loader's readers first.
-void HostRole::send_training_step(std::size_t r, std::size_t e, std::size_t s, std::uint64_t step) {
+void HostRole::send_training_step(std::size_t l, std::size_t e, std::size_t s, std::uint64_t step) {
+  const std::size_t r = replica_of(l);
   const std::size_t micro_batches = micro_batches_per_host_step(c_);
   const auto send = [&](const auto& inputs, const auto& targets,
                         const std::function<void()>& before_write) {
     std::vector<std::size_t> input_shape = inputs.shape, label_shape = targets.shape;
     input_shape[0] = label_shape[0] = c_.micro_batch;
     for (std::size_t m = 0; m < micro_batches; ++m) {
-      server_->send(r, micro_batch_frame(kInputFrames, step, inputs, m, input_shape), before_write);
-      server_->send(r, micro_batch_frame(kLabelFrames, step, targets, m, label_shape),
+      server_->send(l, micro_batch_frame(kInputFrames, step, inputs, m, input_shape), before_write);
+      server_->send(l, micro_batch_frame(kLabelFrames, step, targets, m, label_shape),
                     before_write);
     }
   };
@@ -345,9 +389,11 @@ void HostRole::send_training_step(std::size_t r, std::size_t e, std::size_t s, s
   train_->recycle(std::move(b));
 }
 
-// Replica 0's tensors and the host's figures as they stand after `host_step` host steps.
+// Replica 0's tensors and the host's figures as they stand after `host_step` host steps (the
+// first instance, which serves replica 0).
 void HostRole::checkpoint(std::size_t e, std::size_t next_step, std::uint64_t host_step,
                           double epoch_loss, double seconds) {
+  if (!first_instance()) return;
   Progress now;
   now.epoch = e;
   now.step = next_step;
@@ -369,10 +415,14 @@ double HostRole::train_epoch(std::size_t e, Clock::time_point t0) {
   const bool resumed_epoch = startup_.resume && e == startup_.resume_epoch;
   double epoch_loss = resumed_epoch ? progress_.epoch_loss : 0;
   for (std::size_t s = resumed_epoch ? startup_.resume_step : 0; s < startup_.train_steps; ++s) {
-    double step_loss = 0;
-    for (std::size_t r = 0; r < c_.replicas; ++r)
+    // Every replica's micro-batch losses, summed in replica order whichever instance has them.
+    std::vector<float> losses;
+    for (std::size_t l = 0; l < local_replicas_; ++l)
       for (std::size_t k = 0; k < micro_batches; ++k)
-        step_loss += expect_frame(*server_, r, kLossFrames).array.as<const float>()[0];
+        losses.push_back(expect_frame(*server_, l, kLossFrames).array.as<const float>()[0]);
+    if (c_.host_instances > 1) losses = gather_to_first(hosts_, losses);
+    double step_loss = 0;
+    for (float loss : losses) step_loss += loss;
     step_loss /= static_cast<double>(c_.replicas * micro_batches);
     if (!std::isfinite(step_loss))  // the feeders are still running: end the whole job
       abort_job(world_, "the training loss is " + std::to_string(step_loss) + " at epoch " +
@@ -388,7 +438,7 @@ double HostRole::train_epoch(std::size_t e, Clock::time_point t0) {
     const std::uint64_t done_steps = e * startup_.train_steps + s + 1;
     const double done = static_cast<double>(done_steps) * samples_per_host_step;
     csv_ << e << "," << s << "," << step_loss << "," << done / elapsed << "\n";
-    if ((s + 1) % progress_every == 0 || s + 1 == startup_.train_steps)
+    if (first_instance() && ((s + 1) % progress_every == 0 || s + 1 == startup_.train_steps))
       std::cout << "  epoch " << e + 1 << "/" << c_.epochs << " step " << s + 1 << "/"
                 << startup_.train_steps << "  loss " << std::fixed << std::setprecision(4)
                 << step_loss << "  " << format_rate(done / elapsed) << " samples/s (emulator), "
@@ -423,6 +473,12 @@ bool HostRole::stop_here(std::size_t e, std::size_t next_step, std::uint64_t hos
 }
 
 int HostRole::finish_stopped() {
+  if (!first_instance()) {  // the first instance says what happened
+    stopping_ = true;
+    server_->close();
+    join_feeders();
+    return stopped_exit_code(stop_.signal);
+  }
   // Said first: under mpirun the ranks have about a second after its SIGTERM before SIGKILL.
   std::ostringstream message;
   message << "ipupod train: stopped by " << signal_name(stop_.signal) << " after host step "
@@ -455,10 +511,19 @@ int HostRole::finish_stopped() {
 
 // Predicted cycles of the training so far: the slowest replica sets the pace.
 void HostRole::predict_throughput(EpochMetrics& m, std::size_t e) {
-  std::uint64_t max_cycles = 0;
-  for (std::size_t r = 0; r < c_.replicas; ++r) {
+  std::vector<std::uint64_t> all;  // every replica's cycles by kind, in replica order
+  for (std::size_t l = 0; l < local_replicas_; ++l) {
     std::vector<std::uint64_t> parts;
-    const std::uint64_t total = cycles_total(expect_frame(*server_, r, kCycleFrames).array, &parts);
+    cycles_total(expect_frame(*server_, l, kCycleFrames).array, &parts);
+    parts.resize(kCycleKinds);
+    all.insert(all.end(), parts.begin(), parts.end());
+  }
+  if (c_.host_instances > 1) all = gather_to_first(hosts_, all);
+  std::uint64_t max_cycles = 0;
+  for (std::size_t at = 0; at < all.size(); at += kCycleKinds) {
+    const std::vector<std::uint64_t> parts(all.begin() + at, all.begin() + at + kCycleKinds);
+    std::uint64_t total = 0;
+    for (std::uint64_t part : parts) total += part;
     if (total >= max_cycles) max_cycles = total, cycle_parts_ = parts;
   }
   const double trained = static_cast<double>((e + 1) * startup_.train_steps *
@@ -468,18 +533,37 @@ void HostRole::predict_throughput(EpochMetrics& m, std::size_t e) {
       max_cycles ? trained / (static_cast<double>(max_cycles) / arch_.clock_hz) : 0;
 }
 
-// Evaluation on each replica's shard of the test split.
+// Evaluation on each replica's shard of the test split, scored in replica order: the other
+// instances send the first their replicas' outputs with the samples they are scored on.
 void HostRole::evaluate(EpochMetrics& m) {
   TestScores scores = scoring_.scores();
   double test_loss = 0;
-  for (std::size_t t = 0; t < startup_.test_steps; ++t)
-    for (std::size_t r = 0; r < c_.replicas; ++r) {
-      const host::Frame logits = expect_frame(*server_, r, kLogitsFrames);
-      const host::Frame loss = expect_frame(*server_, r, kLossFrames);
-      test_loss += loss.array.as<const float>()[0];
-      const host::Batch b = test_->batch(0, t, r);
-      scores.add(logits.array.as<const float>(), b.inputs, b.targets);
+  for (std::size_t t = 0; t < startup_.test_steps; ++t) {
+    // Per replica of this instance: outputs, loss, inputs, targets.
+    std::vector<host::HostArray> own;
+    for (std::size_t l = 0; l < local_replicas_; ++l) {
+      own.push_back(std::move(expect_frame(*server_, l, kLogitsFrames).array));
+      own.push_back(std::move(expect_frame(*server_, l, kLossFrames).array));
+      host::Batch b = test_->batch(0, t, replica_of(l));
+      own.push_back(std::move(b.inputs));
+      own.push_back(std::move(b.targets));
     }
+    if (!first_instance()) {
+      std::vector<const host::HostArray*> arrays;
+      for (const host::HostArray& a : own) arrays.push_back(&a);
+      send_text(pack_arrays(arrays), 0, kEvaluationTag, hosts_);
+      continue;
+    }
+    for (std::size_t i = 0; i < c_.host_instances; ++i) {
+      const std::vector<host::HostArray> arrays =
+          i == 0 ? std::move(own)
+                 : unpack_arrays(receive_text(static_cast<int>(i), kEvaluationTag, hosts_));
+      for (std::size_t a = 0; a + 3 < arrays.size(); a += 4) {
+        test_loss += arrays[a + 1].as<const float>()[0];
+        scores.add(arrays[a].as<const float>(), arrays[a + 2], arrays[a + 3]);
+      }
+    }
+  }
   m.test_samples = startup_.test_steps * c_.replicas * c_.micro_batch;
   m.test_loss =
       test_loss / static_cast<double>(std::max<std::size_t>(startup_.test_steps * c_.replicas, 1));
@@ -500,12 +584,13 @@ void HostRole::train_and_evaluate() {
     m.train_loss = epoch_loss / static_cast<double>(std::max<std::size_t>(startup_.train_steps, 1));
     predict_throughput(m, e);
     evaluate(m);
-    std::cout << "epoch " << e + 1 << "/" << c_.epochs << ": train loss " << std::setprecision(4)
-              << m.train_loss << ", test loss " << m.test_loss << ", "
-              << TestScores::describe(scoring_.task, m.scores) << " (" << m.test_samples
-              << " samples); " << format_rate(m.measured_samples_per_s) << " samples/s measured, "
-              << std::fixed << std::setprecision(0) << m.predicted_samples_per_s
-              << " samples/s predicted on " << arch_.name << std::endl;
+    if (first_instance())
+      std::cout << "epoch " << e + 1 << "/" << c_.epochs << ": train loss " << std::setprecision(4)
+                << m.train_loss << ", test loss " << m.test_loss << ", "
+                << TestScores::describe(scoring_.task, m.scores) << " (" << m.test_samples
+                << " samples); " << format_rate(m.measured_samples_per_s) << " samples/s measured, "
+                << std::fixed << std::setprecision(0) << m.predicted_samples_per_s
+                << " samples/s predicted on " << arch_.name << std::endl;
     epochs_.push_back(m);
     const std::uint64_t done_steps = (e + 1) * startup_.train_steps;
     const bool due = checkpoint_due_after_epoch(c_, done_steps, e);
@@ -516,15 +601,35 @@ void HostRole::train_and_evaluate() {
   }
 }
 
-// Reports and final weights from every replica; the replicas must agree bit for bit.
+// Reports and final weights from every replica; the replicas must agree bit for bit. The other
+// host instances pass theirs on to the first, which returns them all (the others: nothing).
 FinalReports HostRole::collect_reports() {
   FinalReports out;
+  std::vector<nlohmann::json> reports(c_.replicas);
   std::vector<std::vector<std::vector<std::byte>>> weights(c_.replicas);
+  for (std::size_t l = 0; l < local_replicas_; ++l) {
+    const std::size_t r = replica_of(l);
+    reports[r] = parse_text_array(expect_frame(*server_, l, kReportFrames).array);
+    reports[r]["host_node"] = boost::asio::ip::host_name();  // of the instance serving it
+    const std::size_t tensors = reports[r].at("parameter_tensors");
+    for (std::size_t p = 0; p < tensors; ++p)
+      weights[r].push_back(std::move(expect_frame(*server_, l, kWeightFrames).array.bytes));
+    if (first_instance()) continue;
+    send_text(reports[r].dump(), 0, kReportTag, hosts_);
+    for (const auto& tensor : weights[r]) send_bytes(tensor, 0, kWeightTag, hosts_);
+  }
+  if (!first_instance()) return out;
+  for (std::size_t r = local_replicas_; r < c_.replicas; ++r) {
+    const int from = static_cast<int>(r / local_replicas_);
+    reports[r] = nlohmann::json::parse(receive_text(from, kReportTag, hosts_));
+    const std::size_t tensors = reports[r].at("parameter_tensors");
+    for (std::size_t p = 0; p < tensors; ++p)
+      weights[r].push_back(receive_bytes(from, kWeightTag, hosts_));
+  }
   for (std::size_t r = 0; r < c_.replicas; ++r) {
-    nlohmann::json j = parse_text_array(expect_frame(*server_, r, kReportFrames).array);
+    nlohmann::json& j = reports[r];
     j["ipu"] = r * c_.stages;
     j["replica"] = r;
-    const std::size_t tensors = j.at("parameter_tensors");
     // Every IPU of the job is a process of trace.json: the replica's stages side by side.
     const auto add_trace = [&](nlohmann::json& report, std::size_t stage) {
       const std::size_t ipu = r * c_.stages + stage;
@@ -536,8 +641,7 @@ FinalReports HostRole::collect_reports() {
     add_trace(j, 0);
     if (j.contains("later_stages"))
       for (auto& later : j.at("later_stages")) add_trace(later, later.at("stage"));
-    for (std::size_t p = 0; p < tensors; ++p)
-      weights[r].push_back(std::move(expect_frame(*server_, r, kWeightFrames).array.bytes));
+    j["host_instance"] = r / local_replicas_;
     out.memory.push_back(std::move(j));
   }
   for (std::size_t r = 0; r < c_.replicas; ++r) {
@@ -583,6 +687,12 @@ void HostRole::write_run_files(const FinalReports& reports) {
   for (const auto& [name, value] : last.scores) summary[name] = value;
   summary["ipu_ranks_host_memory"] = host_memory_of_ranks(reports.memory);
   summary["host_node"] = boost::asio::ip::host_name();
+  nlohmann::json instances = nlohmann::json::array();  // the node of each host instance
+  for (std::size_t r = 0; r < c_.replicas; r += local_replicas_)
+    instances.push_back({{"host_instance", r / local_replicas_},
+                         {"node", reports.memory[r].value("host_node", std::string())},
+                         {"replicas", {r, r + local_replicas_ - 1}}});
+  summary["host_instances"] = instances;
   std::filesystem::remove(std::filesystem::path(c_.run_dir) / "stopped.txt");  // a resumed stop's
   write_file_atomically(c_.run_dir, "summary.json", summary.dump(2) + "\n");
   write_file_atomically(c_.run_dir, "metrics.csv", csv_.str());
@@ -597,19 +707,24 @@ void HostRole::write_run_files(const FinalReports& reports) {
 
 int run_host(const TrainConfig& config, MPI_Comm world) {
   HostRole host(config, world);
+  const bool first = host.first_instance();  // prints the job's messages
+  // Every host instance opens the data (and a checkpoint to resume); one verdict for the job.
   const Startup startup = host.prepare();
-  broadcast_startup(startup, 0, world);
-  const IpuGroups groups(world, config, false);  // collective: the IPUs split theirs
-  if (startup.status != 0) {
-    std::cerr << "ipupod train: " << startup.message << "\n";
-    return startup.status;
+  std::string message;
+  const int prepared = start_verdict(world, true, startup.status, startup.message, &message);
+  const IpuGroups groups(world, config, prepared == 0);  // collective: every rank splits
+  if (prepared != 0) {
+    if (first) std::cerr << "ipupod train: " << message << "\n";
+    return prepared;
   }
+  host.join(groups.hosts());
+  broadcast_startup(startup, 0, groups.block());  // to this instance's IPUs
   // The IPUs compile, check that their programs fit and (resuming) the checkpoint's tensors
   // against their compiled model; the first IPU that found a fault says what. A rank that dies
   // meanwhile ends the job through MPI.
-  std::string message;
-  if (const int verdict = start_verdict(world, 0, "", &message); verdict != 0) {
-    const std::vector<nlohmann::json> reports = gather_unfit_reports(world, false);
+  if (const int verdict = start_verdict(world, true, 0, "", &message); verdict != 0) {
+    const std::vector<nlohmann::json> reports = gather_unfit_reports(world, config, false);
+    if (!first) return verdict;
     if (!reports.empty()) {
       write_file_atomically(config.run_dir, "memory.json", nlohmann::json(reports).dump(1) + "\n");
       message += (message.ends_with('.') ? " Every" : "; every") +
@@ -619,11 +734,11 @@ int run_host(const TrainConfig& config, MPI_Comm world) {
     return verdict;
   }
   if (const int verdict = host.accept_stream_clients(&message); verdict != 0) {
-    std::cerr << "ipupod train: " << message << "\n";
+    if (first) std::cerr << "ipupod train: " << message << "\n";
     return verdict;
   }
   host.serve_resumed_tensors();
-  host.print_banner();
+  if (first) host.print_banner();
   host.start_feeders();
   // A failure while the feeders run ends the job here, with its reason: unwinding past their
   // threads would end the process with std::terminate and no reason at all.
@@ -636,6 +751,7 @@ int run_host(const TrainConfig& config, MPI_Comm world) {
   host.join_feeders();
   const FinalReports reports = host.collect_reports();
   host.close();
+  if (!first) return 0;  // the first instance writes the run directory
   host.write_run_files(reports);
   return reports.identical ? 0 : 1;
 }

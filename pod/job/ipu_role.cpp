@@ -244,7 +244,7 @@ int IpuRole::start_verdict_after_resume_check() {
       message = "cannot resume from '" + config_.resume + "': " + e.what();
     }
   }
-  return start_verdict(world_, status, message);
+  return start_verdict(world_, false, status, message);
 }
 
 // The host streams to and from the first stage of each replica only.
@@ -256,20 +256,22 @@ bool IpuRole::connect_host_streams() {
   if (first_stage()) {
     const auto timeout = std::chrono::milliseconds(static_cast<long>(config_.timeout_s * 1000));
     try {
-      client_.emplace(host::ClientConfig{.address = startup_.address,
-                                         .port = startup_.port,
-                                         .secret = startup_.secret,
-                                         .client_id = static_cast<std::size_t>(place_.replica),
-                                         .credits = 8,
-                                         .timeout = timeout});
+      client_.emplace(host::ClientConfig{
+          .address = startup_.address,
+          .port = startup_.port,
+          .secret = startup_.secret,
+          // among its host instance's replicas
+          .client_id = static_cast<std::size_t>(place_.replica) % config_.replicas_per_instance(),
+          .credits = 8,
+          .timeout = timeout});
     } catch (const std::exception& e) {
       status = 1;
-      message = "IPU " + std::to_string(place_.ipu) + " (rank " + std::to_string(place_.ipu + 1) +
+      message = "IPU " + std::to_string(place_.ipu) + " (rank " + std::to_string(rank_of(world_)) +
                 ", node " + boost::asio::ip::host_name() + "): " + e.what();
     }
   }
   // One message for the job, from the host, whichever ranks could not connect.
-  if (start_verdict(world_, status, message) != 0) return false;
+  if (start_verdict(world_, false, status, message) != 0) return false;
   ipu::Engine& engine = *engine_;
   engine.connect_input_stream(kInputStream, [this](std::span<std::byte> dst) {
     take_frame(*client_, kInputFrames, dst, incoming_);
@@ -437,15 +439,18 @@ void IpuRole::send_reports_and_weights() {
 }  // namespace
 
 int run_ipu(const TrainConfig& config, MPI_Comm world) {
-  const Startup startup = broadcast_startup({}, 0, world);
-  const IpuGroups groups(world, config, startup.status == 0);
-  if (startup.status != 0) return startup.status;
+  // The host instances' data and resume checks first (one verdict for the job), then the
+  // start-up record of this rank's own host instance.
+  const int prepared = start_verdict(world, false, 0, "");
+  const IpuGroups groups(world, config, prepared == 0);
+  if (prepared != 0) return prepared;
+  const Startup startup = broadcast_startup({}, 0, groups.block());
   IpuRole ipu(config, world, startup, groups);
   ipu.compile();
   if (ipu.fits()) ipu.initialise_weights();
   ipu.exchange_checkpoint_manifests();
   if (const int verdict = ipu.start_verdict_after_resume_check(); verdict != 0) {
-    gather_unfit_reports(world, !ipu.fits(), ipu.memory_report());
+    gather_unfit_reports(world, config, !ipu.fits(), ipu.memory_report());
     return verdict;
   }
   if (!ipu.connect_host_streams()) return 1;

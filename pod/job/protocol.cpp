@@ -74,62 +74,97 @@ std::string receive_text(int from, int tag, MPI_Comm comm) {
   return text;
 }
 
+namespace {
+// Ranks per block: a host instance and the IPUs of its replicas.
+std::size_t block_size(const TrainConfig& config) {
+  return 1 + config.replicas_per_instance() * config.stages;
+}
+}  // namespace
+
 IpuPlace ipu_place(const TrainConfig& config, int rank) {
+  const std::size_t block = static_cast<std::size_t>(rank) / block_size(config);
+  const std::size_t local = static_cast<std::size_t>(rank) % block_size(config) - 1;
   IpuPlace place;
-  place.ipu = rank - 1;
-  place.stage = static_cast<int>(static_cast<std::size_t>(place.ipu) % config.stages);
-  place.replica = static_cast<int>(static_cast<std::size_t>(place.ipu) / config.stages);
+  place.stage = static_cast<int>(local % config.stages);
+  place.replica = static_cast<int>(block * config.replicas_per_instance() + local / config.stages);
+  place.ipu = place.replica * static_cast<int>(config.stages) + place.stage;
   return place;
 }
 
-int host_rank_of(const TrainConfig&, int) {
-  return 0;
+int ipu_rank(const TrainConfig& config, std::size_t replica, std::size_t stage) {
+  const std::size_t local = replica % config.replicas_per_instance();
+  return host_rank_of(config, replica) + 1 + static_cast<int>(local * config.stages + stage);
+}
+
+int host_rank_of(const TrainConfig& config, std::size_t replica) {
+  return static_cast<int>(replica / config.replicas_per_instance() * block_size(config));
+}
+
+bool is_host_rank(const TrainConfig& config, int rank) {
+  return static_cast<std::size_t>(rank) % block_size(config) == 0;
+}
+
+std::size_t instance_of(const TrainConfig& config, int rank) {
+  return static_cast<std::size_t>(rank) / block_size(config);
+}
+
+std::string rank_role(const TrainConfig& config, int rank) {
+  if (!is_host_rank(config, rank)) return "IPU " + std::to_string(ipu_place(config, rank).ipu);
+  if (config.host_instances == 1) return "host";
+  return "host instance " + std::to_string(instance_of(config, rank));
 }
 
 IpuGroups::IpuGroups(MPI_Comm world, const TrainConfig& config, bool starts) {
   int rank = 0;
   MPI_Comm_rank(world, &rank);
-  // Replica group of each stage (the gradient all-reduce); the host takes no part.
-  const int colour = starts && rank > 0 ? ipu_place(config, rank).stage : MPI_UNDEFINED;
+  const bool host = is_host_rank(config, rank);
+  // Replica group of each stage (the gradient all-reduce); the hosts take no part.
+  const int colour = starts && !host ? ipu_place(config, rank).stage : MPI_UNDEFINED;
   MPI_Comm_split(world, colour, rank, &replicas_);
+  MPI_Comm_split(world, starts && host ? 0 : MPI_UNDEFINED, rank, &hosts_);
+  const int block = starts ? static_cast<int>(instance_of(config, rank)) : MPI_UNDEFINED;
+  MPI_Comm_split(world, block, rank, &block_);
 }
 
 IpuGroups::~IpuGroups() {
-  if (replicas_ != MPI_COMM_NULL) MPI_Comm_free(&replicas_);
+  for (MPI_Comm* comm : {&replicas_, &hosts_, &block_})
+    if (*comm != MPI_COMM_NULL) MPI_Comm_free(comm);
 }
 
-int start_verdict(MPI_Comm world, int status, const std::string& message,
+int start_verdict(MPI_Comm world, bool host, int status, const std::string& message,
                   std::string* host_message) {
   int rank = 0, verdict = 0;
   MPI_Comm_rank(world, &rank);
   MPI_Allreduce(&status, &verdict, 1, MPI_INT, MPI_MAX, world);
   if (verdict == 0) return 0;
-  // The lowest IPU rank with the worst status, else the host, says why: the host prints one
-  // message, whichever rank found the fault.
-  constexpr int kNobody = std::numeric_limits<int>::max(), kHost = kNobody - 1;
-  const int candidate = status != verdict ? kNobody : rank == 0 ? kHost : rank;
-  int teller = 0;
-  MPI_Allreduce(&candidate, &teller, 1, MPI_INT, MPI_MIN, world);
-  if (rank == teller) send_text(message, 0, kVerdictTag, world);
+  // The lowest IPU rank with the worst status, else the lowest such host, says why: rank 0
+  // prints one message, whichever rank found the fault.
+  struct {
+    int kind, rank;  // 0: IPU, 1: host, 2: nobody (not the worst status)
+  } candidate{status != verdict ? 2 : host ? 1 : 0, rank}, teller{};
+  MPI_Allreduce(&candidate, &teller, 1, MPI_2INT, MPI_MINLOC, world);
+  if (rank == teller.rank && rank != 0) send_text(message, 0, kVerdictTag, world);
   if (rank == 0 && host_message)
-    *host_message = teller == kHost ? message : receive_text(teller, kVerdictTag, world);
+    *host_message = teller.rank == 0 ? message : receive_text(teller.rank, kVerdictTag, world);
   return verdict;
 }
 
-std::vector<nlohmann::json> gather_unfit_reports(MPI_Comm world, bool unfit,
-                                                 const nlohmann::json& report) {
-  int rank = 0, size = 1, own = unfit ? 1 : 0, any = 0;
+std::vector<nlohmann::json> gather_unfit_reports(MPI_Comm world, const TrainConfig& config,
+                                                 bool unfit, const nlohmann::json& report) {
+  int rank = 0, own = unfit ? 1 : 0, any = 0;
   MPI_Comm_rank(world, &rank);
-  MPI_Comm_size(world, &size);
   MPI_Allreduce(&own, &any, 1, MPI_INT, MPI_MAX, world);
   std::vector<nlohmann::json> reports;
   if (any == 0) return reports;
-  if (rank != 0) {
+  if (!is_host_rank(config, rank)) {
     send_text(report.dump(), 0, kUnfitReportTag, world);
     return reports;
   }
-  for (int from = 1; from < size; ++from)
+  if (rank != 0) return reports;
+  for (std::size_t ipu = 0; ipu < config.ipus(); ++ipu) {
+    const int from = ipu_rank(config, ipu / config.stages, ipu % config.stages);
     reports.push_back(nlohmann::json::parse(receive_text(from, kUnfitReportTag, world)));
+  }
   return reports;
 }
 

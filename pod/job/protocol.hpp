@@ -3,9 +3,15 @@
 // the frames that travel over TCP, the checkpoint schedule and the cycle records. Each side's
 // half of a step lives here beside the other's, so the two cannot drift apart.
 //
-//   host (rank 0)                              IPU ranks 1..R*S (replica r, stage s)
-//   broadcast_startup ------------------------> (status, stream address, secret, data shape)
-//   split_ipu_groups  <------------------------> split_ipu_groups (replica groups, pipelines)
+// The ranks come in blocks, one per host instance (--host-instances I, one per node in a real
+// launch): host instance i, then the IPUs of its R/I replicas, stage by stage. With I = 1: the
+// host is rank 0 and IPU (r, s) is rank 1 + r x S + s. Each instance streams to its own replicas;
+// instance 0 (rank 0) also gathers what the others received and writes the run directory.
+//
+//   host instance (first rank of a block)      IPU ranks of its block (replica r, stage s)
+//   start_verdict     <------------------------> start_verdict (a host's data or resume fault)
+//   IpuGroups         <------------------------> IpuGroups (replica groups, hosts, blocks)
+//   broadcast_startup ------------------------> (stream address, secret, data shape) per block
 //                                               compile, initialise, check a resumed checkpoint
 //   start_verdict     <------------------------> start_verdict (IPU 0 tells what failed)
 //   accept stream clients <-------------------- stage 0 of each replica connects (TCP)
@@ -48,14 +54,20 @@ enum StreamId : std::uint16_t {
   kCheckpointFrames = 8,
 };
 
-// Where an IPU rank sits in the job: rank 1 + replica x stages + stage.
+// Where an IPU rank sits in the job (the block layout above).
 struct IpuPlace {
   int stage = 0, replica = 0;
-  int ipu = 0;  // index among the IPUs (rank - 1)
+  int ipu = 0;  // index among the IPUs: replica x stages + stage
 };
 IpuPlace ipu_place(const TrainConfig& config, int rank);
-// The host rank that serves a replica's streams (one host today; PopRun-style instances later).
-int host_rank_of(const TrainConfig& config, int replica);
+// The world rank of IPU (replica, stage), of the host instance that serves a replica's streams,
+// and whether a rank is a host instance (and which).
+int ipu_rank(const TrainConfig& config, std::size_t replica, std::size_t stage);
+int host_rank_of(const TrainConfig& config, std::size_t replica);
+bool is_host_rank(const TrainConfig& config, int rank);
+std::size_t instance_of(const TrainConfig& config, int rank);
+// "host", "host instance i" or "IPU n" (error messages).
+std::string rank_role(const TrainConfig& config, int rank);
 
 // Sent by the host (rank 0) to every rank before anything else. A non-zero status means the
 // job cannot start: every rank exits with that status, the host prints the message.
@@ -82,9 +94,10 @@ struct Startup {
 // Collective over `comm`: root fills `startup`, every rank returns the root's record.
 Startup broadcast_startup(const Startup& startup, int root, MPI_Comm comm);
 
-// The IPUs' communicators, split from the world by every rank at once (collective): the
-// replicas of this IPU's stage (the gradient all-reduce). The host and every rank of a job that
-// cannot start get MPI_COMM_NULL. Freed with the object.
+// The job's communicators, split from the world by every rank at once (collective): for an
+// IPU, the replicas of its stage (the gradient all-reduce); for a host instance, the host
+// instances (rank i is instance i); for every rank, its block (the host instance is rank 0).
+// Every rank of a job that cannot start gets MPI_COMM_NULL. Freed with the object.
 class IpuGroups {
  public:
   IpuGroups(MPI_Comm world, const TrainConfig& config, bool starts);
@@ -92,24 +105,27 @@ class IpuGroups {
   IpuGroups(const IpuGroups&) = delete;
   IpuGroups& operator=(const IpuGroups&) = delete;
   MPI_Comm replicas() const { return replicas_; }
+  MPI_Comm hosts() const { return hosts_; }
+  MPI_Comm block() const { return block_; }
 
  private:
-  MPI_Comm replicas_ = MPI_COMM_NULL;
+  MPI_Comm replicas_ = MPI_COMM_NULL, hosts_ = MPI_COMM_NULL, block_ = MPI_COMM_NULL;
 };
 
-// After every IPU compiled (and checked a resumed checkpoint), and again once the streams are
-// connected: the worst status of all ranks (collective over the world). Each rank gives its own;
-// the message of the lowest IPU rank with the worst status (the host's only when no IPU has
-// one: an IPU's fault is the cause, the host's the consequence) reaches the host, which
+// Before anything else (the host instances' data and resume checks), after every IPU compiled
+// (and checked a resumed checkpoint), and again once the streams are connected: the worst
+// status of all ranks (collective over the world). Each rank gives its own; the message of the
+// lowest IPU rank with the worst status (a host's only when no IPU has one: an IPU's fault is
+// the cause, the host's the consequence; then the lowest such host's) reaches rank 0, which
 // returns it in *host_message.
-int start_verdict(MPI_Comm world, int status, const std::string& message,
+int start_verdict(MPI_Comm world, bool host, int status, const std::string& message,
                   std::string* host_message = nullptr);
 // After a start verdict against the job (collective over the world): when some IPU's program
 // does not fit its tiles (compiled with --allow-out-of-memory), every IPU sends the host its
-// memory report and the host returns them in IPU order; otherwise nothing is sent and the
-// result is empty. The host passes unfit = false and no report.
-std::vector<nlohmann::json> gather_unfit_reports(MPI_Comm world, bool unfit,
-                                                 const nlohmann::json& report = {});
+// memory report and rank 0 returns them in IPU order; otherwise nothing is sent and the
+// result is empty. The host instances pass unfit = false and no report.
+std::vector<nlohmann::json> gather_unfit_reports(MPI_Comm world, const TrainConfig& config,
+                                                 bool unfit, const nlohmann::json& report = {});
 
 // A text (JSON reports, manifests) from one rank to another, its length found on arrival.
 void send_text(const std::string& text, int to, int tag, MPI_Comm comm);
@@ -140,7 +156,9 @@ host::Frame expect_frame(host::StreamServer& server, std::size_t replica, Stream
 void take_frame(host::StreamClient& client, StreamId expected, std::span<std::byte> dst,
                 host::Frame& f);
 
-// Predicted cycles by category as a frame's array, and back (their sum; the parts to *parts).
+// Predicted cycles by category (compute, exchange, sync, host, fabric) as a frame's array, and back
+// (their sum; the parts to *parts).
+constexpr std::size_t kCycleKinds = 5;
 host::HostArray cycles_array(const ipu::CycleBreakdown& cycles);
 std::uint64_t cycles_total(const host::HostArray& array, std::vector<std::uint64_t>* parts);
 ipu::CycleBreakdown cycles_from(const std::vector<std::uint64_t>& parts);

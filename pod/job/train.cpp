@@ -8,9 +8,14 @@
 #include <iostream>
 #include <thread>
 
+#include "pod/job/protocol.hpp"
 #include "pod/job/stop_signal.hpp"
 
 namespace ipupod::pod {
+namespace {
+// The running job's options: abort_job names the failing rank's role with them.
+const TrainConfig* running_job = nullptr;
+}  // namespace
 
 int run_train(const TrainConfig& config, MPI_Comm world) {
   int rank = 0, size = 0;
@@ -24,7 +29,8 @@ int run_train(const TrainConfig& config, MPI_Comm world) {
   }
   install_stop_signals();  // every rank stops at the same step boundary (stop_signal.hpp)
   try {
-    return rank == 0 ? run_host(config, world) : run_ipu(config, world);
+    running_job = &config;
+    return is_host_rank(config, rank) ? run_host(config, world) : run_ipu(config, world);
   } catch (const std::exception& e) {
     abort_job(world, e.what());
   }
@@ -40,9 +46,9 @@ void abort_job(MPI_Comm world, const std::string& what) {
   MPI_Comm_rank(world, &rank);
   // One write: mpirun forwards a rank's stderr in the pieces it was written in, and its own
   // MPI_ABORT notice can land between them.
+  const std::string role = running_job ? rank_role(*running_job, rank) : "";
   const std::string message = "ipupod train: error on rank " + std::to_string(rank) +
-                              (rank == 0 ? " (host)" : " (IPU " + std::to_string(rank - 1) + ")") +
-                              ": " + what + "\n";
+                              (role.empty() ? "" : " (" + role + ")") + ": " + what + "\n";
   std::cerr << message << std::flush;
   MPI_Abort(world, 1);
   std::abort();  // MPI_Abort does not return; this keeps [[noreturn]] honest

@@ -262,6 +262,32 @@ std::string write_with(const TempDir& dir, std::size_t count, std::size_t sample
   return path;
 }
 
+// A host instance's loader serves its own replicas: the same batches as a loader of every
+// replica, and its background reader reads no other replica's.
+TEST(Loader, ALoaderOfSomeReplicasReadsOnlyTheirBatches) {
+  TempDir dir;
+  const std::string path = write_indexed(dir, 100);
+  const LoaderConfig all{.path = path, .replicas = 4, .samples_per_step = 3, .seed = 2};
+  LoaderConfig some = all;
+  some.first_replica = 2;
+  some.served_replicas = 2;
+  Loader every(all), instance(some);
+  EXPECT_EQ(instance.served_replicas(), (std::vector<std::size_t>{2, 3}));
+  const std::size_t steps = every.steps_per_epoch();
+  for (std::size_t e = 0; e < 2; ++e)
+    for (std::size_t s = 0; s < steps; ++s)
+      for (std::size_t r : {2, 3}) expect_same_batch(instance.batch(e, s, r), every.batch(e, s, r));
+  // Its reader kept ahead of both (a reader of every replica's batches would have stalled on
+  // the two nobody takes), reading a step or two ahead, never other replicas' batches.
+  const Loader::Stats stats = instance.stats();
+  EXPECT_EQ(stats.prefetched, 2 * 2 * steps);
+  EXPECT_LE(stats.read, 2 * (2 * steps + some.prefetch_steps + 1));
+  LoaderConfig outside = all;
+  outside.first_replica = 3;
+  outside.served_replicas = 2;
+  EXPECT_THROW(Loader{outside}, DatasetError);
+}
+
 TEST(LoaderErrors, NaNInInputsNamesSplitSampleAndElement) {
   TempDir dir;
   const std::string path = write_with(dir, 40, 37, 5, std::numeric_limits<float>::quiet_NaN());

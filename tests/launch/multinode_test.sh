@@ -121,7 +121,34 @@ on_nodea "$run" --replicas 2 --hostfile "$work/hostfile" --mpi-args "${mca[*]}" 
 job_ok "ipupod-run --hostfile across nodes" "$code" "$work/launcher.txt" "$work/run-launcher"
 check "launcher: layout printed" grep -q '= 3 ranks' "$work/launcher.txt"
 
-# 3. A host that listens on loopback only cannot be reached from nodeb: the job ends, within its
+# 3. Two host instances, PopRun-style, one per node: each node's host feeds the replica on its
+# own node, and the job ends with the weights of the one-host job, bit for bit.
+printf 'nodea slots=2\nnodeb slots=2\n' >"$work/hostfile-two"
+code=0
+on_nodea "$run" --replicas 2 --num-instances 2 --hostfile "$work/hostfile-two" \
+  --mpi-args "${mca[*]}" -- "${train[@]}" --timeout 20 --run-dir "$work/run-instances" \
+  >"$work/instances.txt" 2>&1 || code=$?
+cat "$work/instances.txt"
+check "two host instances: exits 0" test "$code" -eq 0
+instances_placed() {  # host instance i and replica i's IPU both on node i
+  python3 - "$1" "$2" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+one_host = json.load(open(sys.argv[2]))
+hosts = [i["node"] for i in s["host_instances"]]
+ipus = [r["node"] for r in s["ipu_ranks_host_memory"]]
+print("host instances on", hosts, "- IPUs on", ipus)
+print("weights", s["replica_weight_checksums"], "one host:", one_host["replica_weight_checksums"])
+sys.exit(0 if hosts == ["nodea", "nodeb"] and ipus == ["nodea", "nodeb"] and
+         s["replica_weight_checksums"] == one_host["replica_weight_checksums"] else 1)
+EOF
+}
+check "two host instances: one per node with its replica, weights bitwise as one host's" \
+  instances_placed "$work/run-instances/summary.json" "$work/run-mpirun/summary.json"
+check "two host instances: launcher printed the blocks" \
+  grep -q 'rank 2: host instance 1' "$work/instances.txt"
+
+# 4. A host that listens on loopback only cannot be reached from nodeb: the job ends, within its
 # timeout and mpirun's teardown, with one message naming what to change.
 code=0
 start=$(date +%s)

@@ -191,6 +191,58 @@ TEST_F(PodTrain, TraceJsonShowsEveryIpuOfThePodFromTheChosenStep) {
   EXPECT_GT(first_event[3], first_event[0]);
 }
 
+// PopRun-style host instances: two host ranks, each serving one replica (of two stages) from
+// its own reader, train the same weights, losses and test metrics as one host, bit for bit; a
+// checkpoint of the two-instance run resumes under one host to the same end.
+TEST_F(PodTrain, TwoHostInstancesTrainBitwiseLikeOneAndResumeUnderOne) {
+  const std::string common = "train --model mlp --hidden 16 --data " + data().string() +
+                             " --replicas 2 --stages 2 --micro-batch 10 --gradient-accumulation 2"
+                             " --epochs 1 --arch tiny --topology m2000 --checkpoint-every 40"
+                             " --checkpoint-keep 0 --run-dir ";
+  const Result one = run(mpirun(5) + common + (dir() / "one-host").string());
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const Result two =
+      run(mpirun(6) + common + (dir() / "two-hosts").string() + " --host-instances 2");
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  const auto read = [](const fs::path& p) {
+    std::ifstream in(p);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const auto summary = [&](const std::string& name) {
+    return nlohmann::json::parse(read(dir() / name / "summary.json"));
+  };
+  const auto losses = [&](const std::string& name) {  // the csv without the measured rate
+    std::istringstream csv(read(dir() / name / "metrics.csv"));
+    std::vector<std::string> out;
+    for (std::string line; std::getline(csv, line);) out.push_back(line.substr(0, line.rfind(',')));
+    return out;
+  };
+  const auto a = summary("one-host"), b = summary("two-hosts");
+  EXPECT_EQ(b.at("replica_weight_checksums"), a.at("replica_weight_checksums"));
+  EXPECT_TRUE(b.at("replica_weights_identical").get<bool>());
+  EXPECT_EQ(losses("two-hosts"), losses("one-host"));
+  EXPECT_EQ(b.at("test_loss"), a.at("test_loss"));
+  EXPECT_EQ(b.at("test_accuracy"), a.at("test_accuracy"));
+  EXPECT_EQ(b.at("predicted_ipu_samples_per_s"), a.at("predicted_ipu_samples_per_s"));
+  ASSERT_EQ(b.at("host_instances").size(), 2u);
+  EXPECT_EQ(b.at("host_instances")[1].at("replicas"), nlohmann::json({1, 1}));
+  EXPECT_EQ(b.at("ipu_ranks_host_memory").size(), 4u);  // every IPU's report reached the first
+  // Only the first instance speaks: one banner, one line per epoch.
+  EXPECT_EQ(two.output.find("replica(s) x"), two.output.rfind("replica(s) x")) << two.output;
+  // The checkpoint after host step 40 of the two-instance run, resumed by one host.
+  const Result resumed =
+      run(mpirun(5) + common + (dir() / "resumed-one-host").string() + " --resume " +
+          (dir() / "two-hosts" / "checkpoint-000040.h5").string());
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(summary("resumed-one-host").at("replica_weight_checksums"),
+            a.at("replica_weight_checksums"));
+  // Host instances must divide the replicas.
+  expect_bad_input(run(mpirun(5) + "train --model mlp --data " + data().string() +
+                       " --arch tiny --replicas 3 --host-instances 2 --run-dir " +
+                       (dir() / "bad-instances").string()),
+                   "--host-instances 2 must divide --replicas 3");
+}
+
 // The main job in small: the HAE on real climate patches (Debian's netCDF fields), split over
 // two pipeline stages, Adam on the tiles; the test PSNR over the valid cells rises epoch over
 // epoch and the summary carries the compression ratio of the codes.
