@@ -13,6 +13,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/pod/run_command.hpp"
 
@@ -162,6 +164,7 @@ TEST_F(PodTrain, TraceJsonShowsEveryIpuOfThePodFromTheChosenStep) {
     std::map<int, std::set<int>> named_threads, used_threads;
     std::map<int, std::size_t> events;
     std::map<int, double> earliest;
+    std::map<int, std::vector<std::pair<double, double>>> compute;  // [begin, end) per IPU
     for (const auto& e : trace.at("traceEvents")) {
       const int pid = e.at("pid").get<int>();
       const std::string ph = e.at("ph");
@@ -175,6 +178,7 @@ TEST_F(PodTrain, TraceJsonShowsEveryIpuOfThePodFromTheChosenStep) {
       EXPECT_GE(ts, 0) << e.dump();
       EXPECT_GE(dur, 0) << e.dump();
       used_threads[pid].insert(e.at("tid").get<int>());
+      if (e.at("cat") == "compute") compute[pid].emplace_back(ts, ts + dur);
       ++events[pid];
       earliest[pid] = earliest.count(pid) ? std::min(earliest[pid], ts) : ts;
     }
@@ -185,6 +189,12 @@ TEST_F(PodTrain, TraceJsonShowsEveryIpuOfThePodFromTheChosenStep) {
       EXPECT_LE(events[ipu], 300u) << "IPU " << ipu;
       for (int tid : used_threads[ipu]) EXPECT_TRUE(named_threads[ipu].count(tid)) << tid;
     }
+    // On one clock (the pipeline's syncs align the stages), replica 0's two stages compute at
+    // the same time: the pipeline overlaps them.
+    std::size_t overlapping = 0;
+    for (const auto& [b0, e0] : compute[0])
+      for (const auto& [b1, e1] : compute[1]) overlapping += b0 < e1 && b1 < e0 ? 1 : 0;
+    EXPECT_GT(overlapping, 0u) << "the stages' compute never overlaps";
     first_event[from] = earliest[0];
   }
   // The window begins at host step 3: after the compile-time set-up and three steps' work.
