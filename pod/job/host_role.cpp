@@ -288,6 +288,10 @@ Startup HostRole::prepare() {
     startup_.status = 1;
     startup_.message = e.what();
   }
+  // Another node's instance may see other files than the first's: say which one failed.
+  if (startup_.status != 0 && !first_instance())
+    startup_.message = "host instance " + std::to_string(instance_) + " (node " +
+                       boost::asio::ip::host_name() + "): " + startup_.message;
   return startup_;
 }
 
