@@ -40,7 +40,7 @@ install(TARGETS ipupod RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/scripts/ipupod-run DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/scripts/slurm/
         DESTINATION ${CMAKE_INSTALL_DATADIR}/ipupod/slurm USE_SOURCE_PERMISSIONS)
-install(FILES ${PROJECT_SOURCE_DIR}/scripts/bench_step_torch.py
+install(FILES ${PROJECT_SOURCE_DIR}/scripts/bench_step_torch.py ${PROJECT_SOURCE_DIR}/scripts/bench_input_pil.py
         DESTINATION ${CMAKE_INSTALL_DATADIR}/ipupod)
 
 # The man page, made from `ipupod --help` and each subcommand's by help2man (Debian's help2man).

@@ -2,6 +2,7 @@
 #include "datasets/image_io.hpp"
 
 #include <stb_image.h>
+#include <stb_image_write.h>
 
 #include <algorithm>
 #include <cmath>
@@ -128,6 +129,17 @@ Image resize_bicubic(const Image& image, std::size_t height, std::size_t width) 
     }
   }
   return out;
+}
+
+void save_rgb8(const std::string& path, const std::vector<unsigned char>& rgb, std::size_t height,
+               std::size_t width, const std::string& format) {
+  const int w = static_cast<int>(width), h = static_cast<int>(height);
+  if (rgb.size() != height * width * 3)
+    throw host::DatasetError("save_rgb8: " + std::to_string(rgb.size()) + " bytes for " +
+                             std::to_string(width) + "x" + std::to_string(height) + " RGB");
+  const int ok = format == "jpeg" ? stbi_write_jpg(path.c_str(), w, h, 3, rgb.data(), 90)
+                                  : stbi_write_png(path.c_str(), w, h, 3, rgb.data(), w * 3);
+  if (!ok) throw host::DatasetError("cannot write the image '" + path + "'");
 }
 
 }  // namespace ipupod::datasets

@@ -28,6 +28,11 @@ Image load_image(const std::string& path, int channels);
 // The width and height stored in an image file's header, without decoding the pixels.
 bool image_size(const std::string& path, std::size_t& width, std::size_t& height);
 
+// Writes 8-bit interleaved RGB pixels (row by row) as a PNG or, with format "jpeg", a JPEG of
+// quality 90; throws host::DatasetError if the file cannot be written.
+void save_rgb8(const std::string& path, const std::vector<unsigned char>& rgb, std::size_t height,
+               std::size_t width, const std::string& format);
+
 Image crop(const Image& image, std::size_t y, std::size_t x, std::size_t height, std::size_t width);
 
 // Bicubic resampling (Keys' cubic convolution, a = -0.5) with pixel centres aligned and edges

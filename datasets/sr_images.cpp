@@ -69,6 +69,8 @@ std::string display_name(const std::string& file) {
   return path.filename().string();
 }
 
+}  // namespace
+
 std::vector<std::string> resolve_images(const SrImagesOptions& options) {
   std::vector<std::string> requested =
       options.images.empty() ? default_sr_images() : options.images;
@@ -151,8 +153,6 @@ SplitArrays make_split(std::size_t samples, const SrImagesOptions& options) {
 void put(std::span<float> out, std::size_t sample, const Image& image) {
   std::copy(image.pixels.begin(), image.pixels.end(), out.begin() + sample * image.pixels.size());
 }
-
-}  // namespace
 
 std::vector<std::string> default_sr_images() {
   std::vector<std::string> dirs;

@@ -35,6 +35,10 @@ struct SrImagesOptions {
   std::size_t max_images = 0;  // use the first N photographs in name order (0 = all)
 };
 
+// The image files the options name (wallpaper packages: their largest image; folders: their
+// .jpg/.png files; the defaults when none), sorted; DatasetError when one does not exist.
+std::vector<std::string> resolve_images(const SrImagesOptions& options);
+
 // The 11 photographs of plasma-workspace-wallpapers (the other wallpapers are renderings).
 std::vector<std::string> default_sr_images();
 // skimage's colour photographs, if python3-skimage is installed (empty otherwise).

@@ -43,6 +43,7 @@ packages=(
   iproute2                            # ip netns: network namespaces as nodes (multi-node test)
   help2man                            # the ipupod(1) man page, made from --help at build time
   python3-matplotlib                  # scripts/scaling/plot.py: scaling plots
+  python3-pil python3-numpy           # the peer of `ipupod bench input` (Pillow and NumPy)
 )
 if [[ $bench -eq 1 ]]; then
   packages+=(python3-torch)         # PyTorch: the peer of `ipupod bench step` (not the tests)

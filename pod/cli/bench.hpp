@@ -8,6 +8,7 @@
 #include <exception>
 #include <iostream>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "cli_checks/option_checks.hpp"
@@ -50,6 +51,15 @@ int run_bench(Run&& run) {
   }
 }
 
+// A benchmark's peer script: `given` (the value of `option`), else scripts/FILE in a folder
+// above the executable (build trees inside the sources) or share/ipupod/FILE of an install
+// tree, else in the sources this binary was built from; std::invalid_argument if none is.
+std::string find_peer_script(const std::string& file, const std::string& given,
+                             const std::string& option);
+
+// Host input: decoding and augmenting real PNG/JPEG images as a data loader's workers do, vs
+// Pillow and NumPy in as many processes (scripts/bench_input_pil.py).
+void add_input_bench(CLI::App& bench, int& exit_code);
 // Fabric all-reduce vs Open MPI's MPI_Allreduce on the same ranks (run under mpirun).
 void add_allreduce_bench(CLI::App& bench, int& exit_code);
 // Host streaming of a real data set to N IPU clients vs a plain sequential HDF5 read loop.

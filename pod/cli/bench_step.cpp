@@ -89,32 +89,8 @@ StepConfig resolve_config(const StepBenchOptions& o) {
   throw std::invalid_argument("--model: expected one of " + names + ", got '" + o.model + "'");
 }
 
-// The peer script: --torch-script, else scripts/bench_step_torch.py in a folder above the
-// executable (build trees inside the sources) or share/ipupod/ of an install tree, else in the
-// sources this binary was built from.
 std::string find_torch_script(const StepBenchOptions& o) {
-  namespace fs = std::filesystem;
-  const fs::path relative = fs::path("scripts") / "bench_step_torch.py";
-  if (!o.torch_script.empty()) {
-    if (!fs::is_regular_file(o.torch_script))
-      throw std::invalid_argument(
-          "--torch-script: expected the path of bench_step_torch.py, got '" + o.torch_script +
-          "' (no such file)");
-    return o.torch_script;
-  }
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec)
-    for (fs::path dir = exe.parent_path(); !dir.empty() && dir != dir.root_path();
-         dir = dir.parent_path())
-      for (const fs::path& candidate :
-           {dir / relative, dir / "share" / "ipupod" / "bench_step_torch.py"})
-        if (fs::is_regular_file(candidate)) return candidate.string();
-  const fs::path built_from = fs::path(IPUPOD_SOURCE_DIR) / relative;
-  if (fs::is_regular_file(built_from)) return built_from.string();
-  throw std::invalid_argument(
-      "cannot find scripts/bench_step_torch.py above " + exe.parent_path().string() + " or in " +
-      IPUPOD_SOURCE_DIR + ": pass --torch-script PATH (or --no-peer to time the emulator only)");
+  return find_peer_script("bench_step_torch.py", o.torch_script, "--torch-script");
 }
 
 // The PyTorch peer: a child process answering "run K" with "seconds S1 ... SK loss L".
@@ -374,6 +350,30 @@ int run_step_bench(const StepBenchOptions& o) {
 }
 
 }  // namespace
+
+std::string find_peer_script(const std::string& file, const std::string& given,
+                             const std::string& option) {
+  namespace fs = std::filesystem;
+  const fs::path relative = fs::path("scripts") / file;
+  if (!given.empty()) {
+    if (!fs::is_regular_file(given))
+      throw std::invalid_argument(option + ": expected the path of " + file + ", got '" + given +
+                                  "' (no such file)");
+    return given;
+  }
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec)
+    for (fs::path dir = exe.parent_path(); !dir.empty() && dir != dir.root_path();
+         dir = dir.parent_path())
+      for (const fs::path& candidate : {dir / relative, dir / "share" / "ipupod" / file})
+        if (fs::is_regular_file(candidate)) return candidate.string();
+  const fs::path built_from = fs::path(IPUPOD_SOURCE_DIR) / relative;
+  if (fs::is_regular_file(built_from)) return built_from.string();
+  throw std::invalid_argument("cannot find scripts/" + file + " above " +
+                              exe.parent_path().string() + " or in " + IPUPOD_SOURCE_DIR +
+                              ": pass " + option + " PATH (or --no-peer to time ipupod only)");
+}
 
 void add_step_bench(CLI::App& bench, int& exit_code) {
   auto o = std::make_shared<StepBenchOptions>();

@@ -394,7 +394,7 @@ CLI::Option* add_estimate_options(CLI::App& estimate, ipupod::pod::EstimateConfi
   estimate
       .add_option("--host-input-rate", c.host_input_rate,
                   "Samples/s one host server decodes and augments in the real data format "
-                  "(0: not modelled)")
+                  "(measure it with `ipupod bench input`; 0: not modelled)")
       ->check(finite_number({.min = 0}))
       ->capture_default_str();
   estimate
@@ -507,6 +507,7 @@ int main(int argc, char** argv) {
   ipupod::pod::add_host_bench(*bench, bench_exit_code);
   ipupod::pod::add_matmul_bench(*bench, bench_exit_code);
   ipupod::pod::add_step_bench(*bench, bench_exit_code);
+  ipupod::pod::add_input_bench(*bench, bench_exit_code);
 
   try {
     std::vector<std::string> args(argv, argv + argc);
