@@ -19,6 +19,7 @@
 
 #include "datasets/image_io.hpp"
 #include "datasets/sr_images.hpp"
+#include "host/dataset.hpp"
 #include "pod/cli/bench.hpp"
 
 namespace ipupod::pod {
@@ -62,18 +63,25 @@ class TempFolder {
 // The data set: `images` crops, SIZE x SIZE, taken at seeded random places of the photographs in
 // turn, written as 8-bit RGB files of the format.
 std::vector<std::string> write_images(const InputBenchOptions& o, const fs::path& folder) {
-  datasets::SrImagesOptions which;
-  which.images = o.sources;  // none: the wallpapers
-  const std::vector<std::string> sources = datasets::resolve_images(which);
-  if (sources.empty())
-    throw std::invalid_argument(
-        "no photographs to make the images from: install plasma-workspace-wallpapers "
-        "(scripts/install-deps.sh) or give --source FILE");
+  std::vector<std::string> sources = o.sources;
+  if (sources.empty()) {
+    try {
+      sources = datasets::resolve_images({});  // the wallpapers' photographs
+    } catch (const host::DatasetError& e) {
+      throw std::invalid_argument(std::string("no photographs to make the images from (") +
+                                  e.what() + "); give --source FILE");
+    }
+  }
   std::mt19937_64 random(7);
   std::vector<std::string> files;
   std::vector<unsigned char> rgb(o.size * o.size * 3);
   for (std::size_t i = 0; i < sources.size() && files.size() < o.images; ++i) {
-    const datasets::Image photo = datasets::load_image(sources[i], 3);
+    datasets::Image photo;
+    try {
+      photo = datasets::load_image(sources[i], 3);
+    } catch (const host::DatasetError& e) {  // a --source that is no photograph: bad input
+      throw std::invalid_argument(std::string(e.what()) + " (--source)");
+    }
     if (photo.height < o.size || photo.width < o.size)
       throw std::invalid_argument("--size " + std::to_string(o.size) + " is larger than '" +
                                   sources[i] + "' (" + std::to_string(photo.width) + "x" +
