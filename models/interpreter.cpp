@@ -34,6 +34,10 @@ Buffer initial_parameter(const Graph& graph, ValueId param, std::uint64_t seed) 
   const auto init = op.attrs.ints.count("init") ? static_cast<InitKind>(op.attrs.ints.at("init"))
                                                 : InitKind::uniform;
   Buffer b = Buffer::zeros(v.info);
+  if (const std::vector<float>* given = graph.initial_values(param)) {  // an imported weight
+    b.f = *given;
+    return b;
+  }
   const std::uint64_t key = mix(seed ^ mix(static_cast<std::uint64_t>(param) + 1));
   const auto uniform = [&](std::size_t i) {  // [0, 1)
     return static_cast<double>(mix(key + i) >> 11) * 0x1.0p-53;

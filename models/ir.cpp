@@ -391,6 +391,22 @@ void Graph::sgd_step(ValueId param, ValueId grad, double learning_rate, const st
   add_op(OpKind::sgd_step, n, {param, grad}, std::nullopt, false, false, learning_rate);
 }
 
+void Graph::set_initial_values(ValueId id, std::vector<float> values) {
+  const Op& op = producer(id);
+  if (op.kind != OpKind::parameter && op.kind != OpKind::state)
+    throw IrError("set_initial_values: '" + value(id).name + "' is a " + op_name(op.kind) +
+                  ", not a parameter or state value");
+  if (values.size() != info(id).elements() || info(id).dtype != DType::f32)
+    throw IrError("set_initial_values: '" + value(id).name + "' is " + info(id).str() + ", got " +
+                  std::to_string(values.size()) + " float values");
+  initial_values_[id] = std::make_shared<const std::vector<float>>(std::move(values));
+}
+
+const std::vector<float>* Graph::initial_values(ValueId id) const {
+  const auto it = initial_values_.find(id);
+  return it == initial_values_.end() ? nullptr : it->second.get();
+}
+
 std::vector<ValueId> Graph::parameters() const {
   std::vector<ValueId> out;
   for (const auto& op : ops_)

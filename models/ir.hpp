@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -249,6 +250,11 @@ class Graph {
   void set_recompute(bool on) { recompute_ = on; }
   Phase phase() const { return phase_; }
   int stage() const { return stage_; }
+  // Given starting values of a parameter or state value (an imported model's weights), used
+  // instead of its initialiser; the count must match its shape.
+  void set_initial_values(ValueId id, std::vector<float> values);
+  const std::vector<float>* initial_values(ValueId id) const;
+
   // Moves an op already built to another stage (the automatic pipeline split, before autodiff).
   void set_op_stage(std::size_t op_index, int stage) { ops_.at(op_index).pipeline_stage = stage; }
 
@@ -272,6 +278,7 @@ class Graph {
 
   std::vector<Op> ops_;
   std::vector<Value> values_;
+  std::map<ValueId, std::shared_ptr<const std::vector<float>>> initial_values_;  // shared by copies
   Phase phase_ = Phase::forward;
   int stage_ = 0;
   bool recompute_ = false;

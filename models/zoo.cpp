@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "models/autodiff.hpp"
+#include "models/onnx_import.hpp"
 #include "models/zoo_models.hpp"
 
 namespace ipupod::models {
@@ -114,7 +115,7 @@ Model build_model(const std::string& name, const ModelOptions& options) {
     throw std::invalid_argument("pipeline stages must be at least 1");
   if (options.width <= 0 || options.depth <= 0)
     throw std::invalid_argument("width and depth multipliers must be positive");
-  using Build = void (*)(Model&, Builder&, const ModelOptions&);
+  using Build = std::function<void(Model&, Builder&, const ModelOptions&)>;
   static const std::map<std::string, Build> builders = {
       {"mlp", zoo_impl::build_mlp},
       {"cnn", zoo_impl::build_cnn},
@@ -123,8 +124,12 @@ Model build_model(const std::string& name, const ModelOptions& options) {
       {"hae", zoo_impl::build_hae},
       {"transcyclegan", zoo_impl::build_transcyclegan},
   };
-  auto it = builders.find(name);
-  if (it == builders.end()) {
+  Build build;
+  if (is_onnx_model(name)) {  // a model exported from PyTorch
+    build = [&name](Model& m, Builder& b, const ModelOptions& o) { build_onnx(m, b, o, name); };
+  } else if (const auto it = builders.find(name); it != builders.end()) {
+    build = it->second;
+  } else {
     std::string known;
     for (const auto& e : zoo()) known += (known.empty() ? "" : ", ") + e.name;
     throw std::invalid_argument("unknown model '" + name + "'; known models: " + known +
@@ -136,10 +141,10 @@ Model build_model(const std::string& name, const ModelOptions& options) {
   if (options.assign_stages) {
     ModelOptions unsplit = options;
     unsplit.pipeline_stages = 1;
-    it->second(m, b, unsplit);
+    build(m, b, unsplit);
     options.assign_stages(m.graph);
   } else {
-    it->second(m, b, options);
+    build(m, b, options);
   }
   m.graph.set_stage(0);
   m.gradients = build_backward(m.graph, m.loss, options.optimizer.loss_scale);

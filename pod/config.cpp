@@ -2,12 +2,14 @@
 #include "pod/config.hpp"
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <sstream>
 
 #include "fabric/topology.hpp"
 #include "ipu_process/arch.hpp"
 #include "json_text/json_text.hpp"
+#include "models/onnx_import.hpp"
 #include "models/zoo.hpp"
 
 namespace ipupod::pod {
@@ -42,6 +44,24 @@ std::size_t checked_product(std::initializer_list<std::pair<std::size_t, const c
 }
 
 }  // namespace
+
+void validate_model_name(const std::string& model) {
+  if (models::is_onnx_model(model)) {  // its contents are checked when the model is built
+    if (!std::filesystem::is_regular_file(model))
+      throw UsageError("--model " + model +
+                       ": no such ONNX file (export one with scripts/export_pytorch_model.py)");
+    return;
+  }
+  bool known_model = false;
+  std::string models;
+  for (const auto& e : models::zoo()) {
+    known_model |= e.name == model;
+    models += (models.empty() ? "" : ", ") + e.name;
+  }
+  if (!known_model)
+    throw UsageError("unknown model '" + model + "'; known models: " + models +
+                     ", or an ONNX file FILE.onnx (see `ipupod info --models`)");
+}
 
 void validate_counts(const TrainConfig& c) {
   const auto count = [](std::size_t v, std::size_t min, const char* option) {
@@ -133,15 +153,7 @@ void validate_job(const TrainConfig& c) {
   if (c.shuffle_window > 0 && !c.shuffle)
     throw UsageError("--shuffle-window " + std::to_string(c.shuffle_window) +
                      " shuffles in windows, --no-shuffle reads in file order; drop one of them");
-  bool known_model = false;
-  std::string models;
-  for (const auto& e : models::zoo()) {
-    known_model |= e.name == c.model;
-    models += (models.empty() ? "" : ", ") + e.name;
-  }
-  if (!known_model)
-    throw UsageError("unknown model '" + c.model + "'; known models: " + models +
-                     " (see `ipupod info --models`)");
+  validate_model_name(c.model);
   try {
     ipu::ArchPreset::get(c.arch);
   } catch (const std::invalid_argument& e) {

@@ -93,6 +93,8 @@ struct TrainConfig {
   std::size_t global_batch() const { return micro_batch * gradient_accumulation * replicas; }
 };
 
+// A zoo model's name or an existing ONNX file (FILE.onnx); throws UsageError listing the zoo.
+void validate_model_name(const std::string& model);
 // The counts of a run and their products (samples per host step, 1 + replicas x stages ranks)
 // are at least 1 and at most kMaxCount; throws UsageError naming the options.
 void validate_counts(const TrainConfig& config);

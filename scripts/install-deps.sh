@@ -36,6 +36,7 @@ packages=(
   ferret-datasets                     # real climate fields: COADS, Levitus, ETOPO (netCDF)
   libncarg-data                       # real climate fields: CMIP5 MPI-ESM-LR tas and more (netCDF)
   libstb-dev                          # stb_image: decoding the JPEG/PNG photographs
+  libonnx-dev libprotobuf-dev         # reading ONNX models exported from PyTorch (--model F.onnx)
   plasma-workspace-wallpapers         # real photographs for the super-resolution pairs
   libopenblas-dev                     # OpenBLAS: the peer GEMM of `ipupod bench matmul`
   slurm-wlm munge                     # the Slurm test brings up a single-node Slurm cluster
@@ -47,6 +48,7 @@ packages=(
 )
 if [[ $bench -eq 1 ]]; then
   packages+=(python3-torch)         # PyTorch: the peer of `ipupod bench step` (not the tests)
+  packages+=(python3-torchvision)   # scripts/export_pytorch_model.py --torchvision
 fi
 if [[ "${IPUPOD_EXTRA_PACKAGES:-}" != "" ]]; then
   read -r -a extra <<<"$IPUPOD_EXTRA_PACKAGES"

@@ -99,15 +99,7 @@ void validate(const CompileConfig& c) {
       throw UsageError(std::string(option) + " must be a finite number in (0, " +
                        std::to_string(static_cast<int>(kMaxModelMultiplier)) + "], got " +
                        std::to_string(value));
-  bool known_model = false;
-  std::string names;
-  for (const auto& e : models::zoo()) {
-    known_model |= e.name == c.train.model;
-    names += (names.empty() ? "" : ", ") + e.name;
-  }
-  if (!known_model)
-    throw UsageError("unknown model '" + c.train.model + "'; known models: " + names +
-                     " (see `ipupod info --models`)");
+  validate_model_name(c.train.model);
   try {
     ipu::ArchPreset::get(c.train.arch);
   } catch (const std::invalid_argument& e) {

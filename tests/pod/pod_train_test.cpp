@@ -253,6 +253,26 @@ TEST_F(PodTrain, TwoHostInstancesTrainBitwiseLikeOneAndResumeUnderOne) {
                    "--host-instances 2 must divide --replicas 3");
 }
 
+// A model exported from PyTorch (tests/models/onnx: the zoo's CNN at width 1/8) trains on two
+// replicas from its exported weights, as a user's own model would; a missing file is bad input.
+TEST_F(PodTrain, AnOnnxModelExportedFromPyTorchTrainsOnTheReplicas) {
+  const fs::path run_dir = dir() / "onnx";
+  const Result r = run(mpirun(3) + "train --model " + IPUPOD_ONNX_DIR + "/cnn_w0125.onnx" +
+                       " --data " + data().string() +
+                       " --replicas 2 --micro-batch 8 --epochs 1 --learning-rate 0.05"
+                       " --arch tiny --topology m2000 --run-dir " +
+                       run_dir.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(run_dir / "summary.json");
+  const auto summary = nlohmann::json::parse(in);
+  EXPECT_EQ(summary.at("parameters").get<std::size_t>(), 6806u);
+  EXPECT_TRUE(summary.at("replica_weights_identical").get<bool>());
+  EXPECT_GT(summary.at("test_accuracy").get<double>(), 0.5) << r.output;  // 10%: guessing
+  expect_bad_input(run(mpirun(2) + "train --model " + (dir() / "missing.onnx").string() +
+                       " --data " + data().string() + " --arch tiny"),
+                   "no such ONNX file");
+}
+
 // The main job in small: the HAE on real climate patches (Debian's netCDF fields), split over
 // two pipeline stages, Adam on the tiles; the test PSNR over the valid cells rises epoch over
 // epoch and the summary carries the compression ratio of the codes.

@@ -1,0 +1,389 @@
+// ONNX import: reads a ModelProto with Debian's ONNX library (its generated protobuf classes)
+// and maps each node onto IR ops, in the graph's (topological) order.
+#include "models/onnx_import.hpp"
+
+#include <onnx/onnx_pb.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <stdexcept>
+
+namespace ipupod::models {
+namespace {
+
+// An initializer or Constant node's tensor: float values, or int64 ones (shapes, axes).
+struct Constant {
+  Shape shape;
+  std::vector<float> floats;
+  std::vector<std::int64_t> ints;
+  bool is_float = true;
+};
+
+Constant read_tensor(const onnx::TensorProto& t, const std::string& where) {
+  Constant c;
+  for (std::int64_t d : t.dims()) {
+    if (d < 0)
+      throw std::invalid_argument(where + ": tensor '" + t.name() + "' has a negative dim");
+    c.shape.push_back(static_cast<std::size_t>(d));
+  }
+  std::size_t count = 1;
+  for (std::size_t d : c.shape) count *= d;
+  const std::string& raw = t.raw_data();
+  switch (t.data_type()) {
+    case onnx::TensorProto::FLOAT:
+      if (!raw.empty()) {
+        if (raw.size() != count * sizeof(float))
+          throw std::invalid_argument(where + ": tensor '" + t.name() + "' holds " +
+                                      std::to_string(raw.size()) + " bytes for " +
+                                      std::to_string(count) + " floats");
+        c.floats.resize(count);
+        std::memcpy(c.floats.data(), raw.data(), raw.size());
+      } else {
+        c.floats.assign(t.float_data().begin(), t.float_data().end());
+      }
+      if (c.floats.size() != count)
+        throw std::invalid_argument(where + ": tensor '" + t.name() + "' holds " +
+                                    std::to_string(c.floats.size()) + " values for " +
+                                    std::to_string(count));
+      return c;
+    case onnx::TensorProto::INT64:
+      c.is_float = false;
+      if (!raw.empty()) {
+        if (raw.size() != count * sizeof(std::int64_t))
+          throw std::invalid_argument(where + ": tensor '" + t.name() + "' is cut short");
+        c.ints.resize(count);
+        std::memcpy(c.ints.data(), raw.data(), raw.size());
+      } else {
+        c.ints.assign(t.int64_data().begin(), t.int64_data().end());
+      }
+      if (c.ints.size() != count)
+        throw std::invalid_argument(where + ": tensor '" + t.name() + "' is cut short");
+      return c;
+    default:
+      throw std::invalid_argument(where + ": tensor '" + t.name() + "' has ONNX data type " +
+                                  std::to_string(t.data_type()) +
+                                  "; float32 and int64 tensors are supported");
+  }
+}
+
+class Importer {
+ public:
+  Importer(Model& m, Builder& b, const ModelOptions& o, const std::string& path)
+      : m_(m), b_(b), g_(b.graph()), o_(o), path_(path) {}
+
+  void run() {
+    std::ifstream in(path_, std::ios::binary);
+    if (!in) throw std::invalid_argument("cannot read the ONNX model '" + path_ + "'");
+    onnx::ModelProto model;
+    if (!model.ParseFromIstream(&in))
+      throw std::invalid_argument("'" + path_ +
+                                  "' is not an ONNX model (its protobuf does not parse); export "
+                                  "one with torch.onnx.export (scripts/export_pytorch_model.py)");
+    const onnx::GraphProto& graph = model.graph();
+    for (const auto& t : graph.initializer())
+      constants_.emplace(t.name(), read_tensor(t, "initializer"));
+    find_parameters(graph);
+    make_input(graph);
+    for (const auto& node : graph.node()) lower(node);
+    if (graph.output_size() != 1)
+      throw std::invalid_argument(
+          "'" + path_ + "' has " + std::to_string(graph.output_size()) +
+          " outputs; a classifier with one output [N, classes] is supported");
+    m_.logits = value(graph.output(0).name(), "the graph's output");
+    const Shape& logits = g_.info(m_.logits).shape;
+    if (logits.size() != 2 || logits[0] != o_.micro_batch)
+      throw std::invalid_argument("'" + path_ + "': the output '" + graph.output(0).name() +
+                                  "' is " + shape_str(logits) + "; a classifier's [" +
+                                  std::to_string(o_.micro_batch) + ", classes] is supported");
+    m_.labels = g_.input("labels", {DType::i32, {o_.micro_batch}});
+    m_.loss = nn::cross_entropy(b_, m_.logits, m_.labels);
+  }
+
+ private:
+  // Initializers that are weights: the inputs of Conv, ConvTranspose, Gemm, MatMul after the
+  // first, and BatchNormalization's scale and bias.
+  void find_parameters(const onnx::GraphProto& graph) {
+    for (const auto& node : graph.node()) {
+      const std::string& op = node.op_type();
+      int first = -1, last = -1;  // input positions that are weights
+      if (op == "Conv" || op == "ConvTranspose" || op == "Gemm" || op == "MatMul")
+        first = 1, last = node.input_size() - 1;
+      if (op == "BatchNormalization") first = 1, last = 2;
+      for (int i = std::max(first, 0); first >= 0 && i <= last && i < node.input_size(); ++i)
+        if (constants_.count(node.input(i))) trained_.insert(node.input(i));
+    }
+  }
+
+  void make_input(const onnx::GraphProto& graph) {
+    std::vector<const onnx::ValueInfoProto*> data;
+    for (const auto& in : graph.input())
+      if (!constants_.count(in.name())) data.push_back(&in);
+    if (data.size() != 1)
+      throw std::invalid_argument("'" + path_ + "' has " + std::to_string(data.size()) +
+                                  " data inputs; a model with one input [N, ...] is supported");
+    const auto& type = data[0]->type().tensor_type();
+    if (type.elem_type() != onnx::TensorProto::FLOAT)
+      throw std::invalid_argument("'" + path_ + "': the input '" + data[0]->name() +
+                                  "' must be float32");
+    Shape sample;
+    for (int d = 1; d < type.shape().dim_size(); ++d) {
+      const auto& dim = type.shape().dim(d);
+      if (!dim.has_dim_value() || dim.dim_value() <= 0)
+        throw std::invalid_argument("'" + path_ + "': the input '" + data[0]->name() +
+                                    "' has no fixed size in dimension " + std::to_string(d) +
+                                    "; export with a fixed input shape");
+      sample.push_back(static_cast<std::size_t>(dim.dim_value()));
+    }
+    if (!o_.sample_shape.empty() && o_.sample_shape != sample)
+      throw std::invalid_argument("the ONNX model '" + path_ + "' takes samples of " +
+                                  shape_str(sample) + ", the data has " +
+                                  shape_str(o_.sample_shape));
+    Shape shape = {o_.micro_batch};
+    shape.insert(shape.end(), sample.begin(), sample.end());
+    m_.input = g_.input("input", {DType::f32, shape});
+    values_[data[0]->name()] = m_.input;
+  }
+
+  // An input of a node: a value computed before, or an initializer as a parameter, state or
+  // constant (made on first use).
+  ValueId value(const std::string& name, const std::string& where) {
+    if (const auto it = values_.find(name); it != values_.end()) return it->second;
+    const auto c = constants_.find(name);
+    if (c == constants_.end() || !c->second.is_float)
+      throw std::invalid_argument(where + ": no float value '" + name + "' computed before");
+    const TensorInfo info{DType::f32, c->second.shape};
+    const ValueId v = trained_.count(name) ? g_.parameter(name, info, InitKind::fill, 0.0)
+                                           : g_.state(name, info, InitKind::fill, 0.0);
+    g_.set_initial_values(v, c->second.floats);
+    return values_[name] = v;
+  }
+
+  const Constant& int_constant(const std::string& name, const std::string& where) {
+    const auto c = constants_.find(name);
+    if (c == constants_.end() || c->second.is_float)
+      throw std::invalid_argument(where + ": '" + name +
+                                  "' must be an int64 constant (shapes computed from other values "
+                                  "are not supported: export with torch.flatten)");
+    return c->second;
+  }
+
+  static std::optional<const onnx::AttributeProto*> attribute(const onnx::NodeProto& node,
+                                                              const std::string& name) {
+    for (const auto& a : node.attribute())
+      if (a.name() == name) return &a;
+    return std::nullopt;
+  }
+  static std::int64_t int_attr(const onnx::NodeProto& node, const std::string& name,
+                               std::int64_t fallback) {
+    const auto a = attribute(node, name);
+    return a ? (*a)->i() : fallback;
+  }
+  static double float_attr(const onnx::NodeProto& node, const std::string& name, double fallback) {
+    const auto a = attribute(node, name);
+    return a ? (*a)->f() : fallback;
+  }
+  static std::vector<std::int64_t> ints_attr(const onnx::NodeProto& node, const std::string& name,
+                                             std::vector<std::int64_t> fallback) {
+    const auto a = attribute(node, name);
+    if (!a) return fallback;
+    return {(*a)->ints().begin(), (*a)->ints().end()};
+  }
+
+  // What a node is, for messages: "node 'conv1' (Conv) with inputs x [1,3,8,8], w [4,3,3,3]".
+  std::string describe(const onnx::NodeProto& node) const {
+    std::string out = "'" + path_ + "': node '" + node.name() + "' (" + node.op_type() + ")";
+    std::string inputs;
+    for (const auto& in : node.input()) {
+      inputs += (inputs.empty() ? "" : ", ") + in;
+      if (const auto it = values_.find(in); it != values_.end())
+        inputs += " " + shape_str(g_.info(it->second).shape);
+      else if (const auto c = constants_.find(in); c != constants_.end())
+        inputs += " " + shape_str(c->second.shape) + " (constant)";
+    }
+    return out + " with inputs " + (inputs.empty() ? "none" : inputs);
+  }
+
+  std::size_t size(std::int64_t v, const onnx::NodeProto& node, const std::string& what) const {
+    if (v < 0) throw std::invalid_argument(describe(node) + ": " + what + " is negative");
+    return static_cast<std::size_t>(v);
+  }
+
+  void lower(const onnx::NodeProto& node) {
+    const std::string& op = node.op_type();
+    const std::string where = describe(node);
+    const std::string name = node.name().empty() ? node.output(0) : node.name();
+    const auto in = [&](int i) { return value(node.input(i), where); };
+    const auto has = [&](int i) { return node.input_size() > i && !node.input(i).empty(); };
+    ValueId y = -1;
+    if (op == "Constant") {
+      const auto a = attribute(node, "value");
+      if (!a) throw std::invalid_argument(where + ": a Constant without a tensor 'value'");
+      constants_[node.output(0)] = read_tensor((*a)->t(), where);
+      return;
+    } else if (op == "Conv") {
+      const ValueId x = in(0), w = in(1);
+      const Shape& ws = g_.info(w).shape;
+      if (ws.size() != 4) throw std::invalid_argument(where + ": 2-D convolutions are supported");
+      const auto strides = ints_attr(node, "strides", {1, 1});
+      const auto dilations = ints_attr(node, "dilations", {1, 1});
+      const auto pads = ints_attr(node, "pads", {0, 0, 0, 0});
+      if (strides.size() != 2 || dilations.size() != 2 || pads.size() != 4)
+        throw std::invalid_argument(where + ": expected 2 strides, 2 dilations and 4 pads");
+      const auto auto_pad = attribute(node, "auto_pad");
+      if (auto_pad && (*auto_pad)->s() != "NOTSET")
+        throw std::invalid_argument(where + ": auto_pad " + (*auto_pad)->s() +
+                                    " is not supported; export with explicit pads");
+      Conv2dGeometry geo;
+      geo.stride_h = size(strides[0], node, "a stride");
+      geo.stride_w = size(strides[1], node, "a stride");
+      geo.dilation_h = size(dilations[0], node, "a dilation");
+      geo.dilation_w = size(dilations[1], node, "a dilation");
+      geo.pad_top = size(pads[0], node, "a pad");
+      geo.pad_left = size(pads[1], node, "a pad");
+      geo.pad_bottom = size(pads[2], node, "a pad");
+      geo.pad_right = size(pads[3], node, "a pad");
+      geo.groups = size(int_attr(node, "group", 1), node, "group");
+      y = g_.conv2d(x, w, geo, name);
+      if (has(2)) y = channel(BinaryFn::add, y, in(2), name + ".bias");
+    } else if (op == "BatchNormalization") {
+      const ValueId x = in(0), scale = in(1), bias = in(2), mean = in(3), var = in(4);
+      for (ValueId s : {mean, var})
+        if (g_.producer(s).kind != OpKind::state)
+          throw std::invalid_argument(where +
+                                      ": the running mean and variance must be "
+                                      "initializers");
+      const double eps = float_attr(node, "epsilon", 1e-5);
+      ValueId xhat;
+      if (b_.training()) {  // ONNX's momentum weighs the running value: PyTorch's is 1 - it
+        g_.batch_norm_stats_update(x, mean, var, 1.0 - float_attr(node, "momentum", 0.9),
+                                   name + ".stats_update");
+        xhat = g_.normalize(x, NormKind::batch, eps, 1, name + ".normalize");
+      } else {
+        xhat = g_.batch_norm_inference(x, mean, var, eps, name + ".normalize");
+      }
+      y = channel(BinaryFn::add, channel(BinaryFn::mul, xhat, scale, name + ".scale"), bias,
+                  name + ".shift");
+    } else if (op == "Relu") {
+      y = g_.relu(in(0), name);
+    } else if (op == "Sigmoid" || op == "Tanh") {
+      y = g_.unary(op == "Sigmoid" ? UnaryFn::sigmoid : UnaryFn::tanh, in(0), name);
+    } else if (op == "MaxPool" || op == "AveragePool") {
+      const auto kernel = ints_attr(node, "kernel_shape", {});
+      const auto strides = ints_attr(node, "strides", {1, 1});
+      const auto pads = ints_attr(node, "pads", {0, 0, 0, 0});
+      if (kernel.size() != 2 || strides.size() != 2 || pads.size() != 4 || pads[0] != pads[2] ||
+          pads[1] != pads[3] || int_attr(node, "ceil_mode", 0) != 0)
+        throw std::invalid_argument(where +
+                                    ": 2-D pooling with equal pads on opposite sides "
+                                    "and floor rounding is supported");
+      Pool2dGeometry p;
+      p.kernel_h = size(kernel[0], node, "the kernel");
+      p.kernel_w = size(kernel[1], node, "the kernel");
+      p.stride_h = size(strides[0], node, "a stride");
+      p.stride_w = size(strides[1], node, "a stride");
+      p.pad_h = size(pads[0], node, "a pad");
+      p.pad_w = size(pads[1], node, "a pad");
+      p.count_include_pad = int_attr(node, "count_include_pad", 0) != 0;
+      y = op == "MaxPool" ? g_.max_pool2d(in(0), p, name) : g_.avg_pool2d(in(0), p, name);
+    } else if (op == "GlobalAveragePool") {
+      Pool2dGeometry p;
+      p.adaptive = true;
+      p.out_h = p.out_w = 1;
+      y = g_.avg_pool2d(in(0), p, name);
+    } else if (op == "Flatten" || op == "Reshape") {
+      const ValueId x = in(0);
+      const Shape& s = g_.info(x).shape;
+      Shape out;
+      if (op == "Flatten") {
+        const std::size_t axis = size(int_attr(node, "axis", 1), node, "axis");
+        if (axis > s.size()) throw std::invalid_argument(where + ": axis beyond the input");
+        std::size_t head = 1, tail = 1;
+        for (std::size_t d = 0; d < s.size(); ++d) (d < axis ? head : tail) *= s[d];
+        out = {head, tail};
+      } else {
+        const Constant& target = int_constant(node.input(1), where);
+        std::size_t known = 1;
+        std::optional<std::size_t> unknown;
+        for (std::size_t d = 0; d < target.ints.size(); ++d) {
+          const std::int64_t v = target.ints[d];
+          if (v == -1 && !unknown) {
+            unknown = d;
+            out.push_back(1);
+            continue;
+          }
+          const std::size_t dim = v == 0 && d < s.size() ? s[d] : size(v, node, "a shape entry");
+          out.push_back(dim);
+          known *= dim;
+        }
+        const std::size_t total = g_.info(x).elements();
+        if (unknown) {
+          if (known == 0 || total % known != 0)
+            throw std::invalid_argument(where + ": the shape does not divide the input");
+          out[*unknown] = total / known;
+        }
+      }
+      y = g_.reshape(x, out, name);
+    } else if (op == "Gemm") {
+      if (int_attr(node, "transA", 0) != 0 || float_attr(node, "alpha", 1) != 1 ||
+          float_attr(node, "beta", 1) != 1)
+        throw std::invalid_argument(where +
+                                    ": Gemm with transA = 0 and alpha = beta = 1 (a "
+                                    "Linear layer) is supported");
+      y = g_.matmul(in(0), in(1), false, int_attr(node, "transB", 0) != 0, name);
+      if (has(2)) {
+        const ValueId c = in(2);
+        y = g_.info(c).shape.size() == 1 ? g_.add_bias(y, c, name + ".bias")
+                                         : g_.binary(BinaryFn::add, y, c, name + ".bias");
+      }
+    } else if (op == "MatMul") {
+      y = g_.matmul(in(0), in(1), false, false, name);
+    } else if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") {
+      const BinaryFn fn = op == "Add"   ? BinaryFn::add
+                          : op == "Sub" ? BinaryFn::sub
+                          : op == "Mul" ? BinaryFn::mul
+                                        : BinaryFn::div;
+      y = g_.binary(fn, in(0), in(1), name);
+    } else if (op == "Identity" || op == "Dropout") {  // inference-mode Dropout: identity
+      y = in(0);
+    } else {
+      throw std::invalid_argument(where + ": operator " + op +
+                                  " is not supported (supported: Conv, BatchNormalization, Relu, "
+                                  "Sigmoid, Tanh, MaxPool, AveragePool, GlobalAveragePool, "
+                                  "Flatten, Reshape, Gemm, MatMul, Add, Sub, Mul, Div, Identity, "
+                                  "Dropout, Constant)");
+    }
+    values_[node.output(0)] = y;
+  }
+
+  // x [n, c, ...] (op) v [c], as a per-channel scale or shift.
+  ValueId channel(BinaryFn fn, ValueId x, ValueId v, const std::string& name) {
+    Shape s(g_.info(x).shape.size(), 1);
+    s[1] = g_.info(v).elements();
+    return g_.binary(fn, x, g_.reshape(v, s, name + ".view"), name);
+  }
+
+  Model& m_;
+  Builder& b_;
+  Graph& g_;
+  const ModelOptions& o_;
+  const std::string path_;
+  std::map<std::string, Constant> constants_;
+  std::set<std::string> trained_;
+  std::map<std::string, ValueId> values_;
+};
+
+}  // namespace
+
+bool is_onnx_model(const std::string& name) {
+  return name.size() > 5 && name.compare(name.size() - 5, 5, ".onnx") == 0;
+}
+
+void build_onnx(Model& m, Builder& b, const ModelOptions& o, const std::string& path) {
+  Importer(m, b, o, path).run();
+}
+
+}  // namespace ipupod::models

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Exports a PyTorch model to ONNX for `ipupod train|compile|estimate --model FILE.onnx`: the
+porting path of a GPU model. Needs Debian's python3-torch (scripts/install-deps.sh --bench) and,
+for --torchvision, python3-torchvision.
+
+  scripts/export_pytorch_model.py --torchvision resnet50 --input-shape 3,224,224 --out r50.onnx
+  scripts/export_pytorch_model.py --module mypkg.models:Net --input-shape 1,28,28 --out net.onnx
+  scripts/export_pytorch_model.py --cnn-width 0.25 --input-shape 1,12,12 --out cnn.onnx \\
+      --fixture tests/models/onnx   # also the inputs and PyTorch's outputs, for the tests
+
+The model is exported as it trains on an IPU: BatchNormalization kept as its own node with its
+running statistics (not folded into the convolution), Dropout left out (inference form), a
+fixed micro-batch and input shape, opset 13. ipupod starts training from the exported weights.
+"""
+import argparse
+import importlib
+import os
+import sys
+
+try:
+    import torch
+    from torch import nn
+except ImportError:
+    print("export_pytorch_model.py needs PyTorch: apt-get install python3-torch "
+          "(scripts/install-deps.sh --bench)", file=sys.stderr)
+    sys.exit(3)
+
+
+class Cnn(nn.Module):
+    """The zoo's Fashion-MNIST CNN (models/zoo_classifiers.cpp), channels scaled by `width`."""
+
+    def __init__(self, width=1.0, in_channels=1, size=28, classes=10):
+        super().__init__()
+        c1, c2, hidden = (max(1, round(c * width)) for c in (32, 64, 128))
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, c1, 3, padding=1, bias=False), nn.BatchNorm2d(c1), nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 3, padding=1, bias=False), nn.BatchNorm2d(c2), nn.ReLU(),
+            nn.MaxPool2d(2))
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(c2 * (size // 4) ** 2, hidden),
+                                  nn.ReLU(), nn.Dropout(0.25), nn.Linear(hidden, classes))
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+def build(args, shape):
+    if args.torchvision:
+        import torchvision
+        return getattr(torchvision.models, args.torchvision)(num_classes=args.classes)
+    if args.module:
+        module, _, name = args.module.partition(":")
+        return getattr(importlib.import_module(module), name)()
+    return Cnn(args.cnn_width, shape[0], shape[1], args.classes)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--torchvision", help="a torchvision.models constructor, e.g. resnet50")
+    which.add_argument("--module", help="MODULE:CLASS of your own nn.Module (no arguments)")
+    which.add_argument("--cnn-width", type=float, default=1.0,
+                       help="the zoo's CNN with its channels scaled (default; 1.0: full size)")
+    parser.add_argument("--input-shape", default="1,28,28", help="one sample: C,H,W")
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--micro-batch", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, help="the .onnx file to write")
+    parser.add_argument("--fixture", help="also write DIR/<name>.input.f32 and "
+                        "<name>.output.f32: a fixed input and PyTorch's eval output (raw float32)")
+    args = parser.parse_args()
+    shape = [int(d) for d in args.input_shape.split(",")]
+    torch.manual_seed(args.seed)
+    model = build(args, shape)
+    # Running statistics that are not the initial 0 and 1, so that the import is checked on them.
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+    model.eval()
+    # The exporter merges initializers of equal values (a fresh model's batch-norm weights are
+    # all ones) unless the model it is given says it trains; then it merges only shared ones.
+    # The root module's own flag is read for that, its layers' flags for how they run.
+    model.training = True
+    x = torch.rand(args.micro_batch, *shape)
+    # TrainingMode.PRESERVE with an eval-mode model keeps BatchNormalization a node of its own
+    # (EVAL would fold it into the convolution before it).
+    torch.onnx.export(model, x, args.out, opset_version=13, input_names=["input"],
+                      output_names=["logits"], training=torch.onnx.TrainingMode.PRESERVE,
+                      do_constant_folding=False)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"wrote {args.out}: {params} parameters, input {[args.micro_batch] + shape}")
+    if args.fixture:
+        os.makedirs(args.fixture, exist_ok=True)
+        stem = os.path.join(args.fixture, os.path.splitext(os.path.basename(args.out))[0])
+        with torch.no_grad():
+            y = model(x)
+        x.numpy().astype("float32").tofile(stem + ".input.f32")
+        y.numpy().astype("float32").tofile(stem + ".output.f32")
+        print(f"wrote {stem}.input.f32 and {stem}.output.f32 (PyTorch {torch.__version__})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+// ONNX import: the zoo's CNN (width 1/8) exported from PyTorch 1.13 by
+// scripts/export_pytorch_model.py (committed with a fixed input and PyTorch's eval output) is
+// read with the exported weights and computes what PyTorch computed; bad files and unsupported
+// operators are errors naming what and where. The test needs only the ONNX library.
+#include "models/onnx_import.hpp"
+
+#include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "models/interpreter.hpp"
+#include "models/zoo.hpp"
+
+namespace ipupod::models {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kCnn = std::string(IPUPOD_ONNX_DIR) + "/cnn_w0125.onnx";
+
+std::vector<float> read_floats(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
+  return out;
+}
+
+Model import(const std::string& path, bool training, std::size_t micro_batch = 2) {
+  ModelOptions o;
+  o.micro_batch = micro_batch;
+  o.training = training;
+  return build_model(path, o);
+}
+
+TEST(OnnxImport, TheExportedCnnKeepsPyTorchsParametersAndNames) {
+  const Model m = import(kCnn, true);
+  EXPECT_EQ(m.parameter_count(), 6806u);  // sum(p.numel()) in PyTorch, printed by the export
+  std::vector<std::string> names;
+  for (ValueId p : m.graph.parameters()) names.push_back(m.graph.value(p).name);
+  EXPECT_EQ(names.front(), "features.0.weight");
+  EXPECT_EQ(names.back(), "head.4.bias");
+  EXPECT_EQ(m.graph.states().size(), 4u);  // two batch norms' running mean and variance
+  EXPECT_EQ(m.graph.info(m.logits).shape, (Shape{2, 10}));
+  EXPECT_FALSE(m.gradients.empty());  // trainable: backward and optimizer built
+}
+
+TEST(OnnxImport, EvalOutputsEqualPyTorchsOnTheSameInput) {
+  const Model m = import(kCnn, false);
+  Interpreter run(m.graph);
+  Buffer x = Buffer::zeros(m.graph.info(m.input));
+  x.f = read_floats(std::string(IPUPOD_ONNX_DIR) + "/cnn_w0125.input.f32");
+  ASSERT_EQ(x.f.size(), 2u * 28 * 28);
+  run.set(m.input, x);
+  Buffer labels = Buffer::zeros(m.graph.info(m.labels));
+  run.set(m.labels, labels);
+  run.run({Phase::forward});
+  const std::vector<float> expected =
+      read_floats(std::string(IPUPOD_ONNX_DIR) + "/cnn_w0125.output.f32");
+  const std::vector<float>& got = run.get(m.logits).f;
+  ASSERT_EQ(got.size(), expected.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::abs(static_cast<double>(got[i]) - expected[i]));
+  // float32 sums in another order: a few units in the last place of values of order 0.1.
+  EXPECT_LT(worst, 1e-5) << "logit 0: " << got[0] << " vs PyTorch " << expected[0];
+}
+
+TEST(OnnxImport, TrainingStepsLowerTheLossFromTheExportedWeights) {
+  const Model m = import(kCnn, true);
+  Interpreter run(m.graph);
+  Buffer x = Buffer::zeros(m.graph.info(m.input));
+  x.f = read_floats(std::string(IPUPOD_ONNX_DIR) + "/cnn_w0125.input.f32");
+  Buffer labels = Buffer::zeros(m.graph.info(m.labels));
+  labels.i = {3, 7};
+  run.set(m.input, x);
+  run.set(m.labels, labels);
+  std::vector<float> losses;
+  for (int step = 0; step < 5; ++step) {
+    run.run();
+    losses.push_back(run.get(m.loss).f.at(0));
+  }
+  EXPECT_LT(losses.back(), losses.front());
+}
+
+// A file written here with the ONNX library: one node of an operator not mapped.
+std::string write_model_with(const std::string& op, const std::vector<int>& dims,
+                             const fs::path& dir) {
+  onnx::ModelProto model;
+  model.set_ir_version(7);
+  model.add_opset_import()->set_version(13);
+  onnx::GraphProto* g = model.mutable_graph();
+  onnx::ValueInfoProto* in = g->add_input();
+  in->set_name("x");
+  auto* type = in->mutable_type()->mutable_tensor_type();
+  type->set_elem_type(onnx::TensorProto::FLOAT);
+  for (int d : dims) type->mutable_shape()->add_dim()->set_dim_value(d);
+  onnx::NodeProto* node = g->add_node();
+  node->set_name("the_node");
+  node->set_op_type(op);
+  node->add_input("x");
+  node->add_output("y");
+  g->add_output()->set_name("y");
+  const std::string path = (dir / (op + std::to_string(dims.size()) + ".onnx")).string();
+  std::ofstream out(path, std::ios::binary);
+  model.SerializeToOstream(&out);
+  return path;
+}
+
+TEST(OnnxImport, AnUnsupportedOperatorNamesTheNodeTheOperatorAndItsInputs) {
+  const fs::path dir = fs::temp_directory_path() / ("ipupod_onnx_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  try {
+    import(write_model_with("Erf", {2, 4}, dir), true);
+    FAIL() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("node 'the_node' (Erf) with inputs x [2,4]"), std::string::npos) << what;
+    EXPECT_NE(what.find("operator Erf is not supported"), std::string::npos) << what;
+  }
+  // The same graph with a mapped operator imports: [2, 4] outputs are a 4-class classifier's.
+  EXPECT_EQ(import(write_model_with("Relu", {2, 4}, dir), true).graph.info(0).shape, (Shape{2, 4}));
+  // An output that is no classifier's [N, classes] is named.
+  try {
+    import(write_model_with("Relu", {2, 4, 3}, dir), true);
+    FAIL() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("the output 'y' is [2,4,3]"), std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+TEST(OnnxImport, AFileThatIsNotAnOnnxModelIsRefused) {
+  const fs::path file =
+      fs::temp_directory_path() / ("ipupod_not_" + std::to_string(getpid()) + ".onnx");
+  std::ofstream(file) << "this is text, not a protobuf\n";
+  EXPECT_THROW(import(file.string(), true), std::invalid_argument);
+  fs::remove(file);
+  EXPECT_THROW(import("/nonexistent/model.onnx", true), std::invalid_argument);
+}
+
+TEST(OnnxImport, AnotherMicroBatchThanTheExportIsTaken) {
+  const Model m = import(kCnn, true, 5);
+  EXPECT_EQ(m.graph.info(m.input).shape, (Shape{5, 1, 28, 28}));
+  EXPECT_EQ(m.graph.info(m.logits).shape, (Shape{5, 10}));
+}
+
+}  // namespace
+}  // namespace ipupod::models
