@@ -405,9 +405,11 @@ TEST(Compiler, AnOnnxModelTrainsFromItsExportedWeightsAndPipelinesLikeOneIpu) {
   const PipelineRun split =
       run_pipeline(o, 2, {.automatic_split = true}, accumulation, steps, path);
   ASSERT_EQ(split.weights.size(), one.weights.size());
-  EXPECT_EQ(split.losses, one.losses);
   // The automatic split of a CNN is not bitwise one IPU's (the zoo's CNN neither; its split
-  // marks are): within float32 rounding of the updates.
+  // marks are): losses and weights within float32 rounding.
+  ASSERT_EQ(split.losses.size(), one.losses.size());
+  for (std::size_t i = 0; i < one.losses.size(); ++i)
+    EXPECT_NEAR(split.losses[i], one.losses[i], 1e-6 * (1 + std::abs(one.losses[i]))) << i;
   for (const auto& [name, w] : one.weights) {
     const std::vector<float>& v = split.weights.at(name);
     ASSERT_EQ(v.size(), w.size()) << name;
