@@ -218,7 +218,7 @@ std::vector<std::uint64_t> cycle_parts(const ipu::CycleBreakdown& c) {
 
 ipu::CycleBreakdown cycles_from(const std::vector<std::uint64_t>& c) {
   ipu::CycleBreakdown out;
-  if (c.size() != 5) return out;
+  if (c.size() != kCycleKinds) return out;
   out.compute = c[0], out.exchange = c[1], out.sync = c[2];
   out.host = c[3], out.fabric = c[4];
   return out;
@@ -226,9 +226,9 @@ ipu::CycleBreakdown cycles_from(const std::vector<std::uint64_t>& c) {
 
 host::HostArray cycles_array(const ipu::CycleBreakdown& c) {
   const std::vector<std::uint64_t> values = cycle_parts(c);
-  host::HostArray a = host::HostArray::zeros(host::DType::u32, {5, 2});
+  host::HostArray a = host::HostArray::zeros(host::DType::u32, {kCycleKinds, 2});
   auto out = a.as<std::uint32_t>();
-  for (std::size_t i = 0; i < 5; ++i) {
+  for (std::size_t i = 0; i < kCycleKinds; ++i) {
     out[2 * i] = static_cast<std::uint32_t>(values[i] >> 32);
     out[2 * i + 1] = static_cast<std::uint32_t>(values[i] & 0xffffffffu);
   }
