@@ -71,6 +71,9 @@ struct Codelet {
   std::vector<std::string> sliced = {};
   // The parameters that differ from slice to slice (indices into the parameters).
   std::vector<std::size_t> slice_params = {};
+  // How many parameters open every vertex's list alike within a compute set (a convolution's
+  // geometry): the graph keeps them once per compute set (ComputeSet::heads).
+  std::size_t shared_params = 0;
   std::uint16_t index = 0;        // set by the registry: what a VertexRecord names it by
   std::uint32_t sliced_mask = 0;  // set by the registry: bit f for field f in `sliced`
 };

@@ -571,6 +571,7 @@ void Graph::release_vertex_tables(ComputeSetId id) {
   std::vector<RegionEntry>().swap(cs.entries);
   std::vector<std::uint32_t>().swap(cs.slice_cycles);
   cs.params.clear();
+  std::vector<ComputeSet::Head>().swap(cs.heads);
   cs.released = true;
 }
 
@@ -718,10 +719,25 @@ void Graph::add_vertex(ComputeSetId cs_id, const Vertex& vertex) {
     cs.vertex_state_regions.push_back(static_cast<std::uint32_t>(state_regions));
   else
     record.first_field = static_cast<std::uint32_t>(state_regions);
-  if (keep_vertex_params_)
-    record.first_param = shared_params(cs_id, vertex.params);
-  else
+  if (keep_vertex_params_) {
+    std::span<const double> list = vertex.params;
+    if (const std::size_t k = codelet.shared_params; k > 0 && list.size() >= k) {
+      auto head = std::find_if(cs.heads.begin(), cs.heads.end(), [&](const ComputeSet::Head& h) {
+        return h.codelet == codelet.index;
+      });
+      if (head == cs.heads.end())
+        head =
+            cs.heads.insert(cs.heads.end(), {codelet.index, shared_params(cs_id, list.first(k))});
+      if (cs.params.holds(head->begin, list.first(k))) {
+        list = list.subspan(k);
+        record.flags |= VertexRecord::kHeaded;
+      }
+    }
+    record.first_param = shared_params(cs_id, list);
+    record.params = static_cast<std::uint32_t>(list.size());
+  } else {
     record.params = 0;
+  }
   cs.vertices.push_back(record);
 }
 

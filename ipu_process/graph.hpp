@@ -192,6 +192,10 @@ struct VertexRecord {
   std::uint32_t slices = 1;   // worker slices (see Vertex)
   std::uint16_t codelet = 0;  // the codelet's index in the registry (Codelet::index)
   std::uint8_t fields = 0;
+  // Its parameters are its codelet's shared head (ComputeSet::heads) followed by the `params`
+  // at first_param.
+  static constexpr std::uint8_t kHeaded = 1;
+  std::uint8_t flags = 0;
 };
 static_assert(sizeof(VertexRecord) == 32);
 
@@ -231,6 +235,13 @@ struct ComputeSet {
   std::vector<std::uint32_t> field_ends;
   std::vector<RegionEntry> entries;
   ParamTable params;
+  // The parameters that open the lists of a codelet's vertices (Codelet::shared_params) when
+  // they equal the first vertex's, as a convolution's geometry does: kept once, at `begin`.
+  struct Head {
+    std::uint16_t codelet = 0;
+    std::uint32_t begin = 0;
+  };
+  std::vector<Head> heads;
   std::vector<std::uint32_t> slice_cycles;  // of the worker slices of vertices with several
   // In a graph that drops its vertices' regions (Graph::drop_vertex_regions): what the vertices
   // read and write, as the memory plan sees it (a variable read at all; the ranges written by

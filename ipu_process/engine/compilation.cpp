@@ -285,6 +285,7 @@ Engine::Node Engine::compile(const Program& p) {
       const std::size_t workers = arch.workers_per_tile;
       std::vector<std::uint64_t> worker_loads(std::size_t{arch.tiles} * workers, 0);
       std::vector<Piece> pieces;
+      std::vector<unsigned> vertex_tiles;
       std::size_t vi = 0, fields_so_far = 0;
       const auto pack = [&](const std::byte* data, std::size_t elements, DType dtype) {
         CompiledComputeSet::PackedRegion packed;
@@ -298,9 +299,11 @@ Engine::Node Engine::compile(const Program& p) {
       };
       for (const VertexRecord& v : cs.vertices) {
         const Codelet& codelet = registry.at(v.codelet);
-        CompiledComputeSet::VertexRuntime rt{
-            &codelet, v.tile,  static_cast<std::uint32_t>(fields_so_far), v.first_param, v.params,
-            v.slices, v.fields};
+        CompiledComputeSet::VertexRuntime rt{static_cast<std::uint32_t>(fields_so_far),
+                                             v.first_param, v.params, v.codelet, v.fields};
+        if (v.slices > 1) rt.flags |= CompiledComputeSet::VertexRuntime::kSliced;
+        if ((v.flags & VertexRecord::kHeaded) != 0)
+          rt.flags |= CompiledComputeSet::VertexRuntime::kHeaded;
         // (A graph without regions checked them as they came: Graph::drop_vertex_regions.)
         for (std::size_t f = 0; f < v.fields && graph_.keeps_vertex_regions(); ++f) {
           std::size_t last = CompiledComputeSet::kNoEntry;
@@ -327,12 +330,12 @@ Engine::Node Engine::compile(const Program& p) {
             CompiledComputeSet::add_region(
                 ccs->regions, last,
                 pack(pieces.empty() ? nullptr : pieces[0].data, field_region.elements, dtype));
-            rt.widens_float16 =
-                rt.widens_float16 || (dtype == DType::f16 && !codelet.reads_float16_storage);
+            if (dtype == DType::f16 && !codelet.reads_float16_storage)
+              rt.flags |= CompiledComputeSet::VertexRuntime::kWidensFloat16;
           });
           if (tables) ccs->field_ends.push_back(static_cast<std::uint32_t>(ccs->regions.size()));
         }
-        if (tables) ccs->vertices.push_back(rt);
+        if (tables) ccs->vertices.push_back(rt), vertex_tiles.push_back(v.tile);
         fields_so_far += v.fields;
         // Greedy: each vertex (each worker slice of one) goes to the least-loaded of the tile's
         // worker contexts.
@@ -350,10 +353,15 @@ Engine::Node Engine::compile(const Program& p) {
           ccs->float_params = cs.params.floats();
         else
           ccs->params = cs.params.doubles();
-        std::vector<unsigned> tiles;
-        tiles.reserve(ccs->vertices.size());
-        for (const auto& rt : ccs->vertices) tiles.push_back(rt.tile);
-        ccs->tile_begin = group_by(tiles, arch.tiles, ccs->by_tile);
+        ccs->heads = cs.heads;
+        // The vertices in tile order (graph order within a tile): those of tile t are
+        // vertices[tile_begin[t] .. tile_begin[t + 1]).
+        std::vector<std::uint32_t> order;
+        ccs->tile_begin = group_by(vertex_tiles, arch.tiles, order);
+        std::vector<CompiledComputeSet::VertexRuntime> sorted;
+        sorted.reserve(order.size());
+        for (std::uint32_t k : order) sorted.push_back(ccs->vertices[k]);
+        ccs->vertices = std::move(sorted);
       }
       node.index = compute_sets_.size();
       compiled_compute_sets_.emplace(p.compute_set(), node.index);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -16,16 +17,23 @@
 namespace ipupod::ipu {
 
 struct Engine::CompiledComputeSet {
+  // A vertex as the run table keeps it, 16 bytes: where its fields' region entries and its
+  // parameters start, its codelet (by registry index), and two flags. A vertex with several
+  // worker slices has as many as its first sliced field has regions (see Vertex).
   struct VertexRuntime {
-    const Codelet* codelet;
-    std::uint32_t tile;
-    std::uint32_t field_begin;  // into field_ends
-    std::uint32_t param_begin;  // into params
+    static constexpr std::uint8_t kWidensFloat16 = 1;  // float16 regions seen as float32
+    static constexpr std::uint8_t kSliced = 2;         // worker slices (see Vertex::slices)
+    static constexpr std::uint8_t kHeaded = 4;         // its parameters follow its codelet's head
+    std::uint32_t field_begin;                         // into field_ends
+    std::uint32_t param_begin;                         // into params
     std::uint32_t param_count;
-    std::uint32_t slices;  // worker slices (see Vertex)
-    std::uint16_t field_count;
-    bool widens_float16 = false;  // has float16 regions and sees them as float32
+    std::uint16_t codelet;  // Codelet::index
+    std::uint8_t field_count;
+    std::uint8_t flags = 0;
+    const Codelet& code() const { return CodeletRegistry::builtin().at(codelet); }
+    bool widens_float16() const { return (flags & kWidensFloat16) != 0; }
   };
+  static_assert(sizeof(VertexRuntime) == 16);
   // A region as the run table keeps it, 8 bytes: its offset in the tile memory block, its
   // element count and dtype (a region lies on one tile: far fewer than 2^28 elements). The
   // regions of a vertex become Regions only while it runs. A field's consecutive regions of
@@ -96,10 +104,13 @@ struct Engine::CompiledComputeSet {
   std::vector<float> float_params;
   std::vector<double> params;
   bool params_are_float = false;
+  std::vector<ComputeSet::Head> heads;  // as the graph's (see VertexRecord::kHeaded)
+  double param(std::size_t i) const { return params_are_float ? float_params[i] : params[i]; }
   std::vector<VertexRuntime> vertices;
 
-  // The vertices of tile t are by_tile[tile_begin[t] .. tile_begin[t + 1]), in graph order.
-  std::vector<std::uint32_t> tile_begin, by_tile;
+  // In tile order: the vertices of tile t are vertices[tile_begin[t] .. tile_begin[t + 1]), in
+  // graph order.
+  std::vector<std::uint32_t> tile_begin;
   std::uint64_t cycles = 0;  // max over tiles of the busiest worker
 
   // Calls f(data, bytes) for each region of each vertex.
@@ -130,54 +141,63 @@ struct Engine::CompiledComputeSet {
     for (std::size_t f = 0; f < v.field_count; ++f)
       vertex_fields[f] = std::span<const Region>(unpacked.data() + field_starts[f],
                                                  field_starts[f + 1] - field_starts[f]);
+    const Codelet& codelet = v.code();
     std::span<const double> vertex_params;
-    if (params_are_float) {
-      thread_local std::vector<double> widened;
-      widened.assign(float_params.begin() + v.param_begin,
-                     float_params.begin() + v.param_begin + v.param_count);
-      vertex_params = widened;
+    if (params_are_float || (v.flags & VertexRuntime::kHeaded) != 0) {
+      // The head and the vertex's own, as float64 values.
+      thread_local std::vector<double> assembled;
+      assembled.clear();
+      if ((v.flags & VertexRuntime::kHeaded) != 0) {
+        std::size_t at = 0;
+        while (heads[at].codelet != v.codelet) ++at;
+        for (std::size_t j = 0; j < codelet.shared_params; ++j)
+          assembled.push_back(param(heads[at].begin + j));
+      }
+      for (std::size_t j = 0; j < v.param_count; ++j) assembled.push_back(param(v.param_begin + j));
+      vertex_params = assembled;
     } else {
       vertex_params = std::span(params).subspan(v.param_begin, v.param_count);
     }
     const std::uint64_t key = counter_hash(counter_hash(stores.seed ^ counter_hash(run)) + i);
-    if (v.slices == 1) {
-      run_slice(v, vertex_fields, vertex_params, stores.rounding, key);
+    if ((v.flags & VertexRuntime::kSliced) == 0) {
+      run_slice(v, codelet, vertex_fields, vertex_params, stores.rounding, key);
       return;
     }
     // A MultiVertex: worker slice k sees region k of each sliced field and its own values of
     // the slice parameters (see Vertex).
     thread_local std::vector<std::span<const Region>> slice_fields;
     thread_local std::vector<double> slice_params;
-    const Codelet& codelet = *v.codelet;
+    const std::size_t slices = vertex_fields[std::countr_zero(codelet.sliced_mask)].size();
     const std::size_t p = codelet.slice_params.size();
-    const std::size_t base_params = vertex_params.size() - (v.slices - 1) * p;
+    const std::size_t base_params = vertex_params.size() - (slices - 1) * p;
     slice_params.assign(vertex_params.begin(),
                         vertex_params.begin() + static_cast<std::ptrdiff_t>(base_params));
     slice_fields.assign(vertex_fields.begin(), vertex_fields.end());
-    for (std::size_t k = 0; k < v.slices; ++k) {
+    for (std::size_t k = 0; k < slices; ++k) {
       for (std::size_t f = 0; f < vertex_fields.size(); ++f)
         if (codelet.sliced_mask >> f & 1U) slice_fields[f] = vertex_fields[f].subspan(k, 1);
       if (k > 0)
         for (std::size_t j = 0; j < p; ++j)
           slice_params[codelet.slice_params[j]] = vertex_params[base_params + (k - 1) * p + j];
-      run_slice(v, slice_fields, slice_params, stores.rounding,
+      run_slice(v, codelet, slice_fields, slice_params, stores.rounding,
                 k == 0 ? key : counter_hash(key + k));
     }
   }
 
  private:
-  static void run_slice(const VertexRuntime& v, std::span<const std::span<const Region>> fields,
+  static void run_slice(const VertexRuntime& v, const Codelet& codelet,
+                        std::span<const std::span<const Region>> fields,
                         std::span<const double> params, Rounding rounding, std::uint64_t key) {
-    if (v.widens_float16)
-      run_widened(v, fields, params, rounding, key);
+    if (v.widens_float16())
+      run_widened(codelet, fields, params, rounding, key);
     else
-      v.codelet->compute(VertexContext(fields, params));
+      codelet.compute(VertexContext(fields, params));
   }
 
   // Gives the codelet float32 copies of its float16 regions, then stores back, rounded, each
   // element the codelet changed (untouched inputs are never written, so vertices that share an
   // input on a tile do not race).
-  static void run_widened(const VertexRuntime& v, std::span<const std::span<const Region>> in,
+  static void run_widened(const Codelet& codelet, std::span<const std::span<const Region>> in,
                           std::span<const double> vertex_params, Rounding rounding,
                           std::uint64_t key) {
     struct Scratch {
@@ -223,7 +243,7 @@ struct Engine::CompiledComputeSet {
       s.fields.emplace_back(s.regions.data() + cursor, f.size());
       cursor += f.size();
     }
-    v.codelet->compute(VertexContext(s.fields, vertex_params));
+    codelet.compute(VertexContext(s.fields, vertex_params));
     at = 0;
     std::uint64_t region_index = 0;
     for (const auto& f : in)

@@ -52,7 +52,7 @@ void Engine::run_tile(const Node& step, std::size_t tile, std::uint64_t run) con
   for (std::size_t i = ex.tile_begin[tile]; i < ex.tile_begin[tile + 1]; ++i)
     ex.run_disjoint(ex.transfers[i]);
   for (std::size_t i = cs.tile_begin[tile]; i < cs.tile_begin[tile + 1]; ++i)
-    cs.run_vertex(cs.by_tile[i], options_.float16_stores, run);
+    cs.run_vertex(i, options_.float16_stores, run);
 }
 
 void Engine::execute_tile_groups(const Node& node) {

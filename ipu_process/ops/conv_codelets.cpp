@@ -470,7 +470,11 @@ void register_conv_codelets(CodeletRegistry& r) {
            return conv_mac_cycles(a, static_cast<double>(region_elements(v, 2)), taps,
                                   v.fields[0][0].dtype(), ConvGeometry::forward_shape(v));
          },
-         {"out"}});
+         {"out"},
+         false,
+         {},
+         {},
+         k});
   r.add({"ConvGradInput",
          "rows of input-gradient planes of a 2-D convolution: each tap's sum over the group's "
          "output channels, added where the tap lands; params: geometry, local dy channels, "
@@ -485,7 +489,11 @@ void register_conv_codelets(CodeletRegistry& r) {
            return conv_mac_cycles(a, static_cast<double>(region_elements(v, 2)), taps,
                                   v.fields[0][0].dtype(), ConvGeometry::grad_input_shape(v));
          },
-         {"dx"}});
+         {"dx"},
+         false,
+         {},
+         {},
+         k});
   r.add({"ConvGradWeight",
          "weight gradients of a 2-D convolution summed over the tile's batch and output rows; "
          "params: geometry, batch, local x channels, rows, first row, local dy channels, "
@@ -497,7 +505,11 @@ void register_conv_codelets(CodeletRegistry& r) {
            return conv_mac_cycles(a, static_cast<double>(region_elements(v, 2)), per_weight,
                                   v.fields[0][0].dtype(), ConvGeometry::grad_weight_shape(v));
          },
-         {"dw"}});
+         {"dw"},
+         false,
+         {},
+         {},
+         k});
   {
     // The partials of a block are rows of `width` values (PopLibs' equal-size partials
     // reduction): the regions hold whole rows, and a worker slice sums its columns.

@@ -395,17 +395,43 @@ Tensor reduce_sum(Graph& graph, Program& prog, const Tensor& x,
   // The partials of a tile's pieces (and below, what each output piece gathers) are pieces of
   // one variable per tile: a full-size model reduces over millions of worker pieces.
   TilePieces partial_pieces(graph, DType::f32, name + "/partial");
+  // The pieces on a tile are the worker slices of one vertex (a MultiVertex: a region of x,
+  // one of the partials and the piece's begin and lo each), in element order.
+  struct Piece {
+    unsigned tile;
+    std::size_t b, e;
+  };
+  std::vector<Piece> pieces;
   for_each_worker_piece(
       graph, x, kMinElementsPerWorker, [&](unsigned tile, std::size_t b, std::size_t e) {
         const auto [lo, hi] = *touched(in, out_of_x, b, e, {});
-        Tensor p = partial_pieces.add(tile, {static_cast<std::size_t>(hi - lo + 1)});
-        Vertex v{"ReducePartial", tile, {{xf.slice(b, e)}, {p}}, {}};
-        v.params = {static_cast<double>(in.size()), static_cast<double>(b),
-                    static_cast<double>(lo)};
-        for (std::size_t d : in) v.params.push_back(static_cast<double>(d));
-        for (Index s : out_of_x.strides) v.params.push_back(static_cast<double>(s));
-        graph.add_vertex(stage1, std::move(v));
-        partials.push_back({p, lo, hi});
+        pieces.push_back({tile, b, e});
+        partials.push_back(
+            {partial_pieces.add(tile, {static_cast<std::size_t>(hi - lo + 1)}), lo, hi});
+      });
+  Vertex v{"ReducePartial", 0, {{}, {}}, {}};
+  for_each_tile_group(
+      pieces.size(), [&](std::size_t i) { return pieces[i].tile; },
+      [&](unsigned tile, std::span<const std::size_t> group) {
+        v.tile = tile;
+        v.slices = group.size();
+        v.fields[0].clear(), v.fields[1].clear();
+        for (std::size_t k = 0; k < group.size(); ++k) {
+          const Piece& piece = pieces[group[k]];
+          const Partial& partial = partials[group[k]];
+          if (k == 0) {
+            v.params = {static_cast<double>(in.size()), static_cast<double>(piece.b),
+                        static_cast<double>(partial.lo)};
+            for (std::size_t d : in) v.params.push_back(static_cast<double>(d));
+            for (Index s : out_of_x.strides) v.params.push_back(static_cast<double>(s));
+          } else {
+            v.params.push_back(static_cast<double>(piece.b));
+            v.params.push_back(static_cast<double>(partial.lo));
+          }
+          v.fields[0].push_back(xf.slice(piece.b, piece.e));
+          v.fields[1].push_back(partial.t);
+        }
+        graph.add_vertex(stage1, v);
       });
   prog.add(Program::execute(stage1));
 

@@ -325,7 +325,7 @@ void register_tensor_codelets(CodeletRegistry& r) {
          {"dy", "x", "dx"}});
   r.add({"ReducePartial",
          "partial[out(x) - lo] += x over the piece (partial zeroed first); params: rank, piece "
-         "begin, lo, shape, output strides (0 on reduced axes)",
+         "begin, lo (per worker slice), shape, output strides (0 on reduced axes)",
          {"x", "partial"},
          [](const VertexContext& c) {
            auto x = c.region<const float>(0);
@@ -362,7 +362,10 @@ void register_tensor_codelets(CodeletRegistry& r) {
            }
          },
          [](const Vertex& v, const ArchPreset& a) { return out_field_cycles(v, a, 0, 1); },
-         {"partial"}});
+         {"partial"},
+         false,
+         {"x", "partial"},
+         {1, 2}});
   r.add({"SumRegions",
          "out = scale * sum of the regions, region k added at out offset k; params: scale, "
          "offsets",

@@ -18,6 +18,8 @@
 
 #include "ipu_process/engine.hpp"
 #include "ipu_process/graph.hpp"
+#include "ipu_process/ops/conv.hpp"
+#include "ipu_process/ops/tensor_ops.hpp"
 #include "ipu_process/program.hpp"
 
 namespace {
@@ -306,6 +308,114 @@ TEST(HostMemory, AnExchangePieceCostsBytesNotARecord) {
   for (std::size_t k = 0; k < kBlock; ++k)
     for (std::size_t t = 0; t < tiles; ++t)
       ASSERT_EQ(got[k * tiles + t], values[t * kBlock + k]) << k << ", " << t;
+}
+
+// A convolution's vertices open their parameters with its geometry (15 values): the compute set
+// keeps it once, and each vertex only what is its own; the engine gives the codelet the whole
+// list again (the convolution tests check the values).
+TEST(HostMemory, AConvolutionKeepsItsGeometryOncePerComputeSet) {
+  Graph g(ArchPreset::get("mk2"));
+  Tensor x = g.add_variable(DType::f32, {2, 16, 32, 32}, "x");
+  Tensor w = g.add_variable(DType::f32, {32, 16, 3, 3}, "w");
+  g.map_linearly(x, 32 * 32);
+  g.map_linearly(w, 16 * 9);
+  Program prog;
+  ops::conv2d(g, prog, x, w,
+              ops::ConvParams{.pad_top = 1, .pad_bottom = 1, .pad_left = 1, .pad_right = 1},
+              "conv");
+  const auto& registry = CodeletRegistry::builtin();
+  const Codelet& forward = registry.get("ConvForward");
+  ASSERT_EQ(forward.shared_params, 15u);
+  std::size_t vertices = 0, own = 0;
+  for (const ComputeSet& set : g.compute_sets()) {
+    for (const VertexRecord& v : set.vertices) {
+      if (v.codelet != forward.index) continue;
+      ++vertices;
+      EXPECT_EQ(v.flags & VertexRecord::kHeaded, VertexRecord::kHeaded);
+      own += v.params;
+    }
+    if (vertices == 0) continue;
+    ASSERT_EQ(set.heads.size(), 1u);
+    EXPECT_LE(set.params.size(), own + forward.shared_params)
+        << "the geometry is kept once, each vertex's own parameters at most once";
+  }
+  EXPECT_GT(vertices, 100u);
+}
+
+// A vertex whose head differs from the one its compute set keeps for the codelet keeps its
+// whole list, and the engine runs both alike.
+TEST(HostMemory, AVertexWithAnotherHeadKeepsItsWholeList) {
+  Graph g(ArchPreset::get("tiny"));
+  Tensor x = g.add_variable(DType::f32, {64}, "x"), w = g.add_variable(DType::f32, {64}, "w");
+  Tensor y = g.add_variable(DType::f32, {64}, "y");
+  for (const Tensor& t : {x, w, y}) g.set_tile_mapping(t, 0);
+  const ComputeSetId cs = g.add_compute_set("conv");
+  // 1x1 convolutions of one 4x4 plane: h w oh ow kh kw sh sw dh dw pt pl cig cog half, then
+  // local channels, local rows, first row, channels per group, output rows, and per output
+  // region batch, weight offset, first input channel.
+  const auto params = [](double h) {
+    return std::vector<double>{h, 4, h, 4, 1, 1, 1, 1, 1, 1, 0, 0,
+                               1, 1, 0, 1, h, 0, 1, 0, h, 0, 0, 0};
+  };
+  g.add_vertex(
+      cs,
+      Vertex{"ConvForward", 0, {{x.slice(0, 16)}, {w.slice(0, 1)}, {y.slice(0, 16)}}, params(4)});
+  g.add_vertex(
+      cs,
+      Vertex{"ConvForward", 0, {{x.slice(16, 24)}, {w.slice(1, 2)}, {y.slice(16, 24)}}, params(2)});
+  const ComputeSet& set = g.compute_sets()[cs];
+  EXPECT_EQ(set.vertices[0].flags & VertexRecord::kHeaded, VertexRecord::kHeaded);
+  EXPECT_EQ(set.vertices[0].params, params(4).size() - 15);
+  EXPECT_EQ(set.vertices[1].flags & VertexRecord::kHeaded, 0);
+  EXPECT_EQ(set.vertices[1].params, params(2).size());
+  for (const Tensor& t : {x, w, y}) g.set_host_access(t);
+  Engine e(g, {{"p", Program::execute(cs)}});
+  std::vector<float> xs(64), ws(64, 0.f);
+  for (std::size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(i);
+  ws[0] = 2.f, ws[1] = 3.f;
+  e.write_values(x, xs);
+  e.write_values(w, ws);
+  e.run("p");
+  const std::vector<float> got = e.read_values(y);
+  for (std::size_t i = 0; i < 16; ++i) ASSERT_EQ(got[i], 2.f * xs[i]) << i;
+  for (std::size_t i = 16; i < 24; ++i) ASSERT_EQ(got[i], 3.f * xs[i]) << i;
+}
+
+// A reduction's first step does one vertex per tile, a worker slice per piece of x there (a
+// MultiVertex), however many separate pieces of x the tile holds; the sum is right.
+TEST(HostMemory, AReductionKeepsOneVertexPerTile) {
+  Graph g(ArchPreset::get("tiny"));
+  constexpr std::size_t kRows = 64, kCols = 48;
+  Tensor x = g.add_variable(DType::f32, {kRows, kCols}, "x");
+  for (std::size_t i = 0; i < kRows * kCols / 16; ++i)  // 192 intervals, round the tiles
+    g.set_tile_mapping(x.flatten().slice(16 * i, 16 * (i + 1)),
+                       static_cast<unsigned>(i % g.tiles()));
+  g.set_host_access(x);
+  Program prog;
+  Tensor sum = ops::reduce_sum(g, prog, x, {0}, false, 1.f, "sum");
+  g.set_host_access(sum);
+  const Codelet& partial = CodeletRegistry::builtin().get("ReducePartial");
+  std::size_t slices = 0;
+  for (const ComputeSet& set : g.compute_sets()) {
+    std::vector<int> on_tile(g.tiles(), 0);
+    for (const VertexRecord& v : set.vertices) {
+      if (v.codelet != partial.index) continue;
+      EXPECT_EQ(++on_tile[v.tile], 1) << "tile " << v.tile << " has two ReducePartial vertices";
+      slices += v.slices;
+    }
+  }
+  EXPECT_GE(slices, kRows * kCols / 16) << "a worker slice per piece";
+  Engine e(g, {{"p", prog}});
+  std::vector<float> xs(kRows * kCols);
+  for (std::size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(i % 7);
+  e.write_values(x, xs);
+  e.run("p");
+  const std::vector<float> got = e.read_values(sum);
+  for (std::size_t c = 0; c < kCols; ++c) {
+    float expect = 0.f;
+    for (std::size_t r = 0; r < kRows; ++r) expect += xs[r * kCols + c];
+    ASSERT_EQ(got[c], expect) << c;
+  }
 }
 
 }  // namespace
