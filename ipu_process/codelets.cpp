@@ -29,12 +29,15 @@ const CodeletRegistry& CodeletRegistry::builtin() {
 
 void CodeletRegistry::add(Codelet codelet) {
   const std::string name = codelet.name;
-  for (const auto& output : codelet.outputs)
-    if (std::find(codelet.fields.begin(), codelet.fields.end(), output) == codelet.fields.end())
-      throw std::logic_error("codelet '" + name + "' lists output '" + output +
-                             "', which is not one of its fields");
   if (codelet.fields.size() > 32)
     throw std::logic_error("codelet '" + name + "' has more than 32 fields");
+  for (const auto& output : codelet.outputs) {
+    const auto it = std::find(codelet.fields.begin(), codelet.fields.end(), output);
+    if (it == codelet.fields.end())
+      throw std::logic_error("codelet '" + name + "' lists output '" + output +
+                             "', which is not one of its fields");
+    codelet.output_mask |= 1U << (it - codelet.fields.begin());
+  }
   for (const auto& f : codelet.sliced) {
     const auto it = std::find(codelet.fields.begin(), codelet.fields.end(), f);
     if (it == codelet.fields.end())

@@ -76,6 +76,8 @@ struct Codelet {
   std::size_t shared_params = 0;
   std::uint16_t index = 0;        // set by the registry: what a VertexRecord names it by
   std::uint32_t sliced_mask = 0;  // set by the registry: bit f for field f in `sliced`
+  std::uint32_t output_mask = 0;  // set by the registry: bit f for field f in `outputs`
+  bool is_output(std::size_t field) const { return (output_mask >> field & 1U) != 0; }
 };
 
 class CodeletRegistry {

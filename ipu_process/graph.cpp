@@ -814,14 +814,30 @@ bool ParamTable::holds(std::size_t at, std::span<const double> values) const {
   return true;
 }
 
+std::size_t Graph::interval_after(VariableId var, std::size_t x) {
+  const auto& m = variables_.at(var).mapping;
+  if (hint_var_ == var)
+    for (std::size_t k = hint_; k < m.size() && k < hint_ + 4; ++k)
+      if (x < m[k].end && (k == 0 || m[k - 1].end <= x)) return hint_ = k;
+  hint_var_ = var;
+  hint_ = static_cast<std::size_t>(
+      std::upper_bound(m.begin(), m.end(), x,
+                       [](std::size_t y, const TileInterval& iv) { return y < iv.end; }) -
+      m.begin());
+  return hint_;
+}
+
 bool Graph::next_in_tile_memory(VariableId var, unsigned tile, std::size_t end, std::size_t begin) {
   const auto& mapping = variables_.at(var).mapping;
-  const auto by_end = [](std::size_t x, const TileInterval& iv) { return x < iv.end; };
-  const auto a = std::upper_bound(mapping.begin(), mapping.end(), end - 1, by_end);
-  const auto b = std::upper_bound(mapping.begin(), mapping.end(), begin, by_end);
+  const auto a = mapping.begin() + static_cast<std::ptrdiff_t>(interval_after(var, end - 1));
+  const auto b = mapping.begin() + static_cast<std::ptrdiff_t>(interval_after(var, begin));
   if (a == mapping.end() || b == mapping.end() || a->end != end || b->begin != begin ||
-      a->tile != tile || b->tile != tile)
+      a->tile != tile || b->tile != tile || b <= a)
     return false;
+  // The tile's next interval when no interval between the two is the tile's: a short gap is
+  // looked at, a long one counted once per variable.
+  if (b - a <= 64)
+    return std::none_of(a + 1, b, [&](const TileInterval& iv) { return iv.tile == tile; });
   IntervalOrdinals* found = nullptr;
   for (auto& o : ordinals_)
     if (o.var == var && o.intervals == mapping.size()) found = &o;
@@ -843,8 +859,7 @@ void Graph::add_access(ComputeSetId cs_id, const Codelet& codelet, std::size_t f
   // tile memory, as an engine sees them.
   const Variable& var = variables_.at(region.variable());
   const std::size_t b = region.offset(), e = b + region.elements();
-  auto it = std::upper_bound(var.mapping.begin(), var.mapping.end(), b,
-                             [](std::size_t x, const TileInterval& iv) { return x < iv.end; });
+  auto it = var.mapping.begin() + static_cast<std::ptrdiff_t>(interval_after(region.variable(), b));
   std::size_t pieces = 0;
   for (; it != var.mapping.end() && it->begin < e; ++it, ++pieces)
     if (it->tile != tile)
@@ -858,8 +873,7 @@ void Graph::add_access(ComputeSetId cs_id, const Codelet& codelet, std::size_t f
                            describe(region) +
                            " is not contiguous in tile memory; split it into regions");
   ComputeSet& cs = compute_sets_[cs_id];
-  const bool write = std::find(codelet.outputs.begin(), codelet.outputs.end(),
-                               codelet.fields[field]) != codelet.outputs.end();
+  const bool write = codelet.is_output(field);
   const std::uint64_t key =
       (std::uint64_t{cs_id} << 33) | (std::uint64_t{region.variable()} << 1) | (write ? 1 : 0);
   if (auto found = last_access_.find(key); found != last_access_.end()) {

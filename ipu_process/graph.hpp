@@ -386,6 +386,12 @@ class Graph {
   // Whether elements [.., end) and [begin, ..) of variable `var` follow each other in `tile`'s
   // memory: end closes one of its intervals on the tile and begin opens the next.
   bool next_in_tile_memory(VariableId var, unsigned tile, std::size_t end, std::size_t begin);
+  // The first interval of var's mapping that ends after element x (the mapping's size when
+  // none does). A vertex's regions mostly come in element order: the search starts from the
+  // interval found last, before halving the whole mapping.
+  std::size_t interval_after(VariableId var, std::size_t x);
+  VariableId hint_var_ = ~VariableId{0};
+  std::size_t hint_ = 0;
   // Adds a region of a vertex field to the compute set's entries, as a repeat of the field's
   // last entry (index `last`, kNoEntry when the field has none yet) when it continues one.
   static constexpr std::size_t kNoEntry = ~std::size_t{0};

@@ -269,9 +269,7 @@ class LivenessWalk {
         for (const VertexRecord& v : cs.vertices) {
           const Codelet& codelet = registry.at(v.codelet);
           for (std::size_t f = 0; f < v.fields; ++f) {
-            const bool output = f < codelet.fields.size() &&
-                                std::find(codelet.outputs.begin(), codelet.outputs.end(),
-                                          codelet.fields[f]) != codelet.outputs.end();
+            const bool output = codelet.is_output(f);
             cs.for_each_region(v, f, [&](const FieldRegion& r) {
               access(r.var, r.offset, r.offset + r.elements, output);
             });

@@ -446,33 +446,47 @@ Tensor reduce_sum(Graph& graph, Program& prog, const Tensor& x,
   const ComputeSetId stage2 = graph.add_compute_set(name + "/sum");
   CopyRuns copies;
   TilePieces gathered_pieces(graph, DType::f32, name + "/gathered");
-  for_each_worker_piece(
-      graph, out, kMinElementsPerWorker, [&](unsigned tile, std::size_t b, std::size_t e) {
-        std::vector<std::pair<const Partial*, std::pair<Index, Index>>>
-            parts;  // overlap [from, to)
-        std::size_t total = 0;
-        for (const auto& p : partials) {
-          const Index from = std::max<Index>(p.lo, static_cast<Index>(b));
-          const Index to = std::min<Index>(p.hi + 1, static_cast<Index>(e));
-          if (from >= to) continue;
-          parts.push_back({&p, {from, to}});
-          total += static_cast<std::size_t>(to - from);
-        }
-        Vertex v{"SumRegions", tile, {{}, {of.slice(b, e)}}, {static_cast<double>(scale)}};
-        if (total > 0) {
-          const Tensor gathered = gathered_pieces.add(tile, {total});
-          std::size_t at = 0;
-          for (const auto& [p, range] : parts) {
-            const std::size_t n = static_cast<std::size_t>(range.second - range.first);
-            const std::size_t src = static_cast<std::size_t>(range.first - p->lo);
-            copies.add(p->t.slice(src, src + n), gathered.slice(at, at + n));
-            v.fields[0].push_back(gathered.slice(at, at + n));
-            v.params.push_back(static_cast<double>(range.first - static_cast<Index>(b)));
-            at += n;
-          }
-        }
-        graph.add_vertex(stage2, std::move(v));
-      });
+  // The output pieces (in element order) and, for each, the partials that overlap it in the
+  // partials' order: each partial visits the pieces it overlaps.
+  std::vector<Piece> out_pieces;
+  for_each_worker_piece(graph, out, kMinElementsPerWorker,
+                        [&](unsigned tile, std::size_t b, std::size_t e) {
+                          out_pieces.push_back({tile, b, e});
+                        });
+  std::vector<std::vector<std::pair<const Partial*, std::pair<Index, Index>>>> parts(
+      out_pieces.size());  // overlap [from, to)
+  for (const auto& p : partials) {
+    auto k = static_cast<std::size_t>(
+        std::upper_bound(out_pieces.begin(), out_pieces.end(), p.lo,
+                         [](Index x, const Piece& q) { return x < static_cast<Index>(q.e); }) -
+        out_pieces.begin());
+    for (; k < out_pieces.size() && static_cast<Index>(out_pieces[k].b) <= p.hi; ++k) {
+      const Index from = std::max<Index>(p.lo, static_cast<Index>(out_pieces[k].b));
+      const Index to = std::min<Index>(p.hi + 1, static_cast<Index>(out_pieces[k].e));
+      if (from < to) parts[k].push_back({&p, {from, to}});
+    }
+  }
+  for (std::size_t k = 0; k < out_pieces.size(); ++k) {
+    const auto [tile, b, e] = out_pieces[k];
+    std::size_t total = 0;
+    for (const auto& part : parts[k])
+      total += static_cast<std::size_t>(part.second.second - part.second.first);
+    Vertex v{"SumRegions", tile, {{}, {of.slice(b, e)}}, {static_cast<double>(scale)}};
+    if (total > 0) {
+      const Tensor gathered = gathered_pieces.add(tile, {total});
+      std::size_t at = 0;
+      for (const auto& [p, range] : parts[k]) {
+        const std::size_t n = static_cast<std::size_t>(range.second - range.first);
+        const std::size_t src = static_cast<std::size_t>(range.first - p->lo);
+        copies.add(p->t.slice(src, src + n), gathered.slice(at, at + n));
+        v.fields[0].push_back(gathered.slice(at, at + n));
+        v.params.push_back(static_cast<double>(range.first - static_cast<Index>(b)));
+        at += n;
+      }
+    }
+    std::vector<std::pair<const Partial*, std::pair<Index, Index>>>().swap(parts[k]);
+    graph.add_vertex(stage2, std::move(v));
+  }
   if (!copies.empty()) prog.add(Program::copy(std::move(copies)));
   prog.add(Program::execute(stage2));
   return out;
