@@ -492,17 +492,26 @@ int run_estimate(const EstimateConfig& c, MPI_Comm world) {
     }
     write_file_atomically(run_dir, "memory.json", memory.dump(1) + "\n");
 
+    // One row per configuration, a single one too (a sweep of one value, a script's query).
+    std::string csv = std::string(kCsvColumns) + "\n";
+    for (std::size_t j = 0; j < jobs.size(); ++j) csv += csv_row(c, jobs[j], results[j]) + "\n";
+    const std::filesystem::path csv_path = c.csv.empty()
+                                               ? std::filesystem::path(run_dir) / "estimate.csv"
+                                               : std::filesystem::path(c.csv);
+    const std::string csv_dir = csv_path.has_parent_path() ? csv_path.parent_path().string() : ".";
+    std::filesystem::create_directories(csv_dir);
+    write_file_atomically(csv_dir, csv_path.filename().string(), csv);
     if (jobs.size() == 1) {
       write_file_atomically(run_dir, "estimate.json", results[0].summary.dump(1) + "\n");
       CompileConfig cc = c.compile;
       cc.train = job_config(c, jobs[0]);
       print_compile_report(cc, reports, std::cout, "estimate");
       print_job(c, jobs[0], results[0], std::cout);
-      std::cout << "wrote " << run_dir << "/{estimate.json,memory.json}" << std::endl;
+      std::cout << "wrote " << run_dir << "/{estimate.json,memory.json} and " << csv_path.string()
+                << std::endl;
       return all_fit ? 0 : 1;
     }
     nlohmann::json all = {{"jobs", nlohmann::json::array()}};
-    std::string csv = std::string(kCsvColumns) + "\n";
     std::cout << "\nipupod estimate: " << c.compile.train.model << " on "
               << c.compile.train.topology << ", micro-batch " << c.compile.train.micro_batch << ", "
               << jobs.size() << " configurations from " << items.size() << " stage compiles\n";
@@ -515,7 +524,6 @@ int run_estimate(const EstimateConfig& c, MPI_Comm world) {
       const Job& job = jobs[j];
       const JobResult& r = results[j];
       all["jobs"].push_back(r.summary);
-      csv += csv_row(c, job, r) + "\n";
       std::snprintf(line, sizeof line, "%9zu %7zu %13zu %10zu %5zu %14.1f %12s %5s  %s\n",
                     job.replicas, job.stages, job.accumulation, job.iterations,
                     job.replicas * job.stages, r.samples_per_step / r.parts.step(),
@@ -523,12 +531,6 @@ int run_estimate(const EstimateConfig& c, MPI_Comm world) {
       std::cout << line;
     }
     write_file_atomically(run_dir, "estimate.json", all.dump(1) + "\n");
-    const std::filesystem::path csv_path = c.csv.empty()
-                                               ? std::filesystem::path(run_dir) / "estimate.csv"
-                                               : std::filesystem::path(c.csv);
-    const std::string csv_dir = csv_path.has_parent_path() ? csv_path.parent_path().string() : ".";
-    std::filesystem::create_directories(csv_dir);
-    write_file_atomically(csv_dir, csv_path.filename().string(), csv);
     if (!all_fit)
       std::cout << "Not every configuration fits: the figures are what they would take if they "
                    "did (see the fits column).\n";

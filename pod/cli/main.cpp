@@ -430,8 +430,8 @@ CLI::Option* add_estimate_options(CLI::App& estimate, ipupod::pod::EstimateConfi
                   "bow-pod16,bow-pod64,bow-pod256")
       ->delimiter(',');
   estimate.add_option("--csv", c.csv,
-                      "A sweep's CSV, one row per configuration (default "
-                      "RUN_DIR/estimate.csv; plot it with scripts/scaling/plot.py)");
+                      "The CSV, one row per configuration, a single one too (default "
+                      "RUN_DIR/estimate.csv; plot a sweep's with scripts/scaling/plot.py)");
   estimate.footer(
       "Compiles each stage once (replicas share it; under mpirun, rank r takes stages r,\n"
       "r + size, ...), runs no codelet, and times the training program's host steps with the\n"

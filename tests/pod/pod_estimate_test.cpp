@@ -271,6 +271,11 @@ TEST_F(PodEstimate, ASweepSharesItsCompilesAndEachRowIsThatJobsEstimate) {
             std::to_string(g) + " --device-iterations " + std::to_string(d));
     ASSERT_EQ(one.exit_code, 0) << one.output;
     ASSERT_TRUE(predicted.count(job)) << job;
+    // A single configuration writes its row too (scripts read the CSV whatever they ask).
+    const auto own = csv_rows(alone / "estimate.csv");
+    ASSERT_EQ(own.size(), 1u) << one.output;
+    ASSERT_GE(own[0].size(), 12u);
+    EXPECT_NEAR(std::stod(own[0][11]) / predicted[job], 1.0, 1e-9) << job;
     EXPECT_NEAR(predicted[job] /
                     read_json(alone / "estimate.json").at("predicted_samples_per_s").get<double>(),
                 1.0, 1e-9)
