@@ -90,15 +90,22 @@ class Importer {
     make_input(graph);
     for (const auto& node : graph.node()) lower(node);
     if (graph.output_size() != 1)
-      throw std::invalid_argument(
-          "'" + path_ + "' has " + std::to_string(graph.output_size()) +
-          " outputs; a classifier with one output [N, classes] is supported");
+      throw std::invalid_argument("'" + path_ + "' has " + std::to_string(graph.output_size()) +
+                                  " outputs; one output is supported: [N, classes] (a "
+                                  "classifier) or [N, 1] (a regressor)");
     m_.logits = value(graph.output(0).name(), "the graph's output");
     const Shape& logits = g_.info(m_.logits).shape;
-    if (logits.size() != 2 || logits[0] != o_.micro_batch)
+    if (logits.size() != 2 || logits[0] != o_.micro_batch || logits[1] == 0)
       throw std::invalid_argument("'" + path_ + "': the output '" + graph.output(0).name() +
                                   "' is " + shape_str(logits) + "; a classifier's [" +
-                                  std::to_string(o_.micro_batch) + ", classes] is supported");
+                                  std::to_string(o_.micro_batch) + ", classes] or a regressor's [" +
+                                  std::to_string(o_.micro_batch) + ", 1] is supported");
+    if (logits[1] == 1) {  // one value per sample: a regressor, scored by its mean absolute error
+      m_.task = Task::regression;
+      m_.labels = g_.input("labels", {DType::f32, {o_.micro_batch, 1}});
+      m_.loss = nn::l1_loss(b_, m_.logits, m_.labels);
+      return;
+    }
     m_.labels = g_.input("labels", {DType::i32, {o_.micro_batch}});
     m_.loss = nn::cross_entropy(b_, m_.logits, m_.labels);
   }

@@ -19,8 +19,9 @@ bool is_onnx_model(const std::string& name);
 // - initializers read by Conv, ConvTranspose, Gemm, MatMul and BatchNormalization's scale and
 //   bias become parameters with the exported values, BatchNormalization's running mean and
 //   variance model state (updated in training as PyTorch does), other initializers constants;
-// - the single output is the classifier's logits [N, classes]; the loss is softmax cross
-//   entropy against int32 labels [N].
+// - the single output is a classifier's logits [N, classes], the loss softmax cross
+//   entropy against int32 labels [N]; or a regressor's value [N, 1], the loss the mean
+//   absolute error against float32 targets [N, 1] (Task::regression).
 // An operator or attribute it cannot map is a std::invalid_argument naming the node, its
 // operator and its inputs' shapes.
 void build_onnx(Model& m, Builder& b, const ModelOptions& o, const std::string& path);

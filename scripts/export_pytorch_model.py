@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Exports a PyTorch model to ONNX for `ipupod train|compile|estimate --model FILE.onnx`: the
 porting path of a GPU model. Needs Debian's python3-torch (scripts/install-deps.sh --bench) and,
-for --torchvision, python3-torchvision.
+for --torchvision and --efficientnet-v2-blocks, python3-torchvision.
 
   scripts/export_pytorch_model.py --torchvision resnet50 --input-shape 3,224,224 --out r50.onnx
   scripts/export_pytorch_model.py --module mypkg.models:Net --input-shape 1,28,28 --out net.onnx
   scripts/export_pytorch_model.py --cnn-width 0.25 --input-shape 1,12,12 --out cnn.onnx \\
       --fixture tests/models/onnx   # also the inputs and PyTorch's outputs, for the tests
+  scripts/export_pytorch_model.py --efficientnet-v2-blocks --classes 1 --input-shape 3,32,32 \\
+      --out effv2_blocks.onnx --fixture tests/models/onnx
 
 The model is exported as it trains on an IPU: BatchNormalization kept as its own node with its
 running statistics (not folded into the convolution), Dropout left out (inference form), a
@@ -44,7 +46,21 @@ class Cnn(nn.Module):
         return self.head(self.features(x))
 
 
+def efficientnet_v2_blocks(classes):
+    """EfficientNetV2-S's building blocks at a small size, from torchvision's own classes:
+    Fused-MBConv, MBConv with squeeze-and-excitation, SiLU, batch norm with eps 1e-3 and
+    stochastic depth; classes=1 gives the conductivity paper's regression head."""
+    from functools import partial
+    from torchvision.models.efficientnet import EfficientNet, FusedMBConvConfig, MBConvConfig
+    blocks = [FusedMBConvConfig(1, 3, 1, 8, 8, 1), FusedMBConvConfig(4, 3, 2, 8, 16, 2),
+              MBConvConfig(4, 3, 2, 16, 24, 2, 1.0, 1.0), MBConvConfig(6, 3, 1, 24, 32, 1, 1.0, 1.0)]
+    return EfficientNet(blocks, dropout=0.2, stochastic_depth_prob=0.2, num_classes=classes,
+                        last_channel=64, norm_layer=partial(nn.BatchNorm2d, eps=1e-3))
+
+
 def build(args, shape):
+    if args.efficientnet_v2_blocks:
+        return efficientnet_v2_blocks(args.classes)
     if args.torchvision:
         import torchvision
         return getattr(torchvision.models, args.torchvision)(num_classes=args.classes)
@@ -60,6 +76,9 @@ def main():
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--torchvision", help="a torchvision.models constructor, e.g. resnet50")
     which.add_argument("--module", help="MODULE:CLASS of your own nn.Module (no arguments)")
+    which.add_argument("--efficientnet-v2-blocks", action="store_true",
+                       help="a small network of EfficientNetV2-S's blocks (torchvision's); "
+                       "--classes 1 for a regressor")
     which.add_argument("--cnn-width", type=float, default=1.0,
                        help="the zoo's CNN with its channels scaled (default; 1.0: full size)")
     parser.add_argument("--input-shape", default="1,28,28", help="one sample: C,H,W")

@@ -1,7 +1,8 @@
-// ONNX import: the zoo's CNN (width 1/8) exported from PyTorch 1.13 by
-// scripts/export_pytorch_model.py (committed with a fixed input and PyTorch's eval output) is
-// read with the exported weights and computes what PyTorch computed; bad files and unsupported
-// operators are errors naming what and where. The test needs only the ONNX library.
+// ONNX import: the zoo's CNN (width 1/8) and a small network of EfficientNetV2-S's blocks
+// exported from PyTorch 1.13 by scripts/export_pytorch_model.py (committed with a fixed input
+// and PyTorch's eval output) are read with the exported weights and compute what PyTorch
+// computed; bad files and unsupported operators are errors naming what and where. The test
+// needs only the ONNX library.
 #include "models/onnx_import.hpp"
 
 #include <gtest/gtest.h>
@@ -80,6 +81,57 @@ TEST(OnnxImport, TrainingStepsLowerTheLossFromTheExportedWeights) {
   labels.i = {3, 7};
   run.set(m.input, x);
   run.set(m.labels, labels);
+  std::vector<float> losses;
+  for (int step = 0; step < 5; ++step) {
+    run.run();
+    losses.push_back(run.get(m.loss).f.at(0));
+  }
+  EXPECT_LT(losses.back(), losses.front());
+}
+
+// EfficientNetV2-S's blocks (torchvision's Fused-MBConv and MBConv with squeeze-and-excitation,
+// SiLU as Sigmoid and Mul, batch norm eps 1e-3) with the conductivity paper's head: one value
+// per sample, so a regressor trained on its mean absolute error.
+const std::string kEffV2 = std::string(IPUPOD_ONNX_DIR) + "/effv2_blocks.onnx";
+
+TEST(OnnxImport, AnEfficientNetV2RegressorIsARegressorWithPyTorchsParameters) {
+  const Model m = import(kEffV2, true);
+  EXPECT_EQ(m.parameter_count(), 39433u);  // sum(p.numel()) in PyTorch, printed by the export
+  EXPECT_EQ(m.task, Task::regression);
+  EXPECT_EQ(m.graph.info(m.logits).shape, (Shape{2, 1}));
+  EXPECT_EQ(m.graph.info(m.labels).dtype, DType::f32);
+  EXPECT_EQ(m.graph.info(m.labels).shape, (Shape{2, 1}));
+  EXPECT_EQ(m.graph.states().size(), 32u);  // 16 batch norms' running mean and variance
+}
+
+TEST(OnnxImport, EfficientNetV2BlocksComputeWhatPyTorchComputedAndTrain) {
+  {
+    const Model m = import(kEffV2, false);
+    Interpreter run(m.graph);
+    Buffer x = Buffer::zeros(m.graph.info(m.input));
+    x.f = read_floats(std::string(IPUPOD_ONNX_DIR) + "/effv2_blocks.input.f32");
+    ASSERT_EQ(x.f.size(), 2u * 3 * 32 * 32);
+    run.set(m.input, x);
+    run.set(m.labels, Buffer::zeros(m.graph.info(m.labels)));
+    run.run({Phase::forward});
+    const std::vector<float> expected =
+        read_floats(std::string(IPUPOD_ONNX_DIR) + "/effv2_blocks.output.f32");
+    const std::vector<float>& got = run.get(m.logits).f;
+    ASSERT_EQ(got.size(), expected.size());
+    for (std::size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], expected[i], 1e-5) << "sample " << i;
+  }
+  ModelOptions o;
+  o.micro_batch = 2;
+  o.learning_rate = 0.01;
+  const Model m = build_model(kEffV2, o);
+  Interpreter run(m.graph);
+  Buffer x = Buffer::zeros(m.graph.info(m.input));
+  x.f = read_floats(std::string(IPUPOD_ONNX_DIR) + "/effv2_blocks.input.f32");
+  Buffer targets = Buffer::zeros(m.graph.info(m.labels));
+  targets.f = {0.25f, 0.75f};
+  run.set(m.input, x);
+  run.set(m.labels, targets);
   std::vector<float> losses;
   for (int step = 0; step < 5; ++step) {
     run.run();
