@@ -235,8 +235,9 @@ struct ComputeSet {
   std::vector<std::uint32_t> field_ends;
   std::vector<RegionEntry> entries;
   ParamTable params;
-  // The parameters that open the lists of a codelet's vertices (Codelet::shared_params) when
-  // they equal the first vertex's, as a convolution's geometry does: kept once, at `begin`.
+  // The parameters that open the lists of a codelet's vertices (Codelet::shared_params), as the
+  // first of its vertices with that many parameters has them (a convolution's geometry): kept
+  // once, at `begin`, for the vertices whose lists open alike.
   struct Head {
     std::uint16_t codelet = 0;
     std::uint32_t begin = 0;

@@ -49,7 +49,8 @@ class Cnn(nn.Module):
 def efficientnet_v2_blocks(classes):
     """EfficientNetV2-S's building blocks at a small size, from torchvision's own classes:
     Fused-MBConv, MBConv with squeeze-and-excitation, SiLU, batch norm with eps 1e-3 and
-    stochastic depth; classes=1 gives the conductivity paper's regression head."""
+    stochastic depth; classes=1 gives a one-value regression head (torchvision's Dropout and
+    Linear)."""
     from functools import partial
     from torchvision.models.efficientnet import EfficientNet, FusedMBConvConfig, MBConvConfig
     blocks = [FusedMBConvConfig(1, 3, 1, 8, 8, 1), FusedMBConvConfig(4, 3, 2, 8, 16, 2),

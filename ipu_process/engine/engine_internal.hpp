@@ -18,7 +18,7 @@ namespace ipupod::ipu {
 
 struct Engine::CompiledComputeSet {
   // A vertex as the run table keeps it, 16 bytes: where its fields' region entries and its
-  // parameters start, its codelet (by registry index), and two flags. A vertex with several
+  // parameters start, its codelet (by registry index), and flags. A vertex with several
   // worker slices has as many as its first sliced field has regions (see Vertex).
   struct VertexRuntime {
     static constexpr std::uint8_t kWidensFloat16 = 1;  // float16 regions seen as float32

@@ -90,8 +90,8 @@ TEST(OnnxImport, TrainingStepsLowerTheLossFromTheExportedWeights) {
 }
 
 // EfficientNetV2-S's blocks (torchvision's Fused-MBConv and MBConv with squeeze-and-excitation,
-// SiLU as Sigmoid and Mul, batch norm eps 1e-3) with the conductivity paper's head: one value
-// per sample, so a regressor trained on its mean absolute error.
+// SiLU as Sigmoid and Mul, batch norm eps 1e-3) with a one-value head: a regressor, trained on
+// its mean absolute error as the conductivity model is.
 const std::string kEffV2 = std::string(IPUPOD_ONNX_DIR) + "/effv2_blocks.onnx";
 
 TEST(OnnxImport, AnEfficientNetV2RegressorIsARegressorWithPyTorchsParameters) {
