@@ -31,20 +31,20 @@ void CodeletRegistry::add(Codelet codelet) {
   const std::string name = codelet.name;
   if (codelet.fields.size() > 32)
     throw std::logic_error("codelet '" + name + "' has more than 32 fields");
-  for (const auto& output : codelet.outputs) {
-    const auto it = std::find(codelet.fields.begin(), codelet.fields.end(), output);
-    if (it == codelet.fields.end())
-      throw std::logic_error("codelet '" + name + "' lists output '" + output +
-                             "', which is not one of its fields");
-    codelet.output_mask |= 1U << (it - codelet.fields.begin());
-  }
-  for (const auto& f : codelet.sliced) {
-    const auto it = std::find(codelet.fields.begin(), codelet.fields.end(), f);
-    if (it == codelet.fields.end())
-      throw std::logic_error("codelet '" + name + "' slices '" + f +
-                             "', which is not one of its fields");
-    codelet.sliced_mask |= 1U << (it - codelet.fields.begin());
-  }
+  // Bit f for each of the named fields (outputs, sliced) that is field f.
+  const auto mask = [&](const std::vector<std::string>& names, const char* what) {
+    std::uint32_t bits = 0;
+    for (const auto& f : names) {
+      const auto it = std::find(codelet.fields.begin(), codelet.fields.end(), f);
+      if (it == codelet.fields.end())
+        throw std::logic_error("codelet '" + name + "' " + what + " '" + f +
+                               "', which is not one of its fields");
+      bits |= 1U << (it - codelet.fields.begin());
+    }
+    return bits;
+  };
+  codelet.output_mask = mask(codelet.outputs, "lists output");
+  codelet.sliced_mask = mask(codelet.sliced, "slices");
   if (by_index_.size() > UINT16_MAX)
     throw std::logic_error("codelet '" + name + "': more codelets than a vertex record names");
   codelet.index = static_cast<std::uint16_t>(by_index_.size());

@@ -32,6 +32,22 @@ std::vector<float> read_floats(const std::string& path) {
   return out;
 }
 
+// The loss of each of `steps` training steps on the fixture's input and these labels.
+std::vector<float> training_losses(const Model& m, const std::string& input, const Buffer& labels,
+                                   int steps) {
+  Interpreter run(m.graph);
+  Buffer x = Buffer::zeros(m.graph.info(m.input));
+  x.f = read_floats(std::string(IPUPOD_ONNX_DIR) + "/" + input);
+  run.set(m.input, x);
+  run.set(m.labels, labels);
+  std::vector<float> losses;
+  for (int step = 0; step < steps; ++step) {
+    run.run();
+    losses.push_back(run.get(m.loss).f.at(0));
+  }
+  return losses;
+}
+
 Model import(const std::string& path, bool training, std::size_t micro_batch = 2) {
   ModelOptions o;
   o.micro_batch = micro_batch;
@@ -74,18 +90,9 @@ TEST(OnnxImport, EvalOutputsEqualPyTorchsOnTheSameInput) {
 
 TEST(OnnxImport, TrainingStepsLowerTheLossFromTheExportedWeights) {
   const Model m = import(kCnn, true);
-  Interpreter run(m.graph);
-  Buffer x = Buffer::zeros(m.graph.info(m.input));
-  x.f = read_floats(std::string(IPUPOD_ONNX_DIR) + "/cnn_w0125.input.f32");
   Buffer labels = Buffer::zeros(m.graph.info(m.labels));
   labels.i = {3, 7};
-  run.set(m.input, x);
-  run.set(m.labels, labels);
-  std::vector<float> losses;
-  for (int step = 0; step < 5; ++step) {
-    run.run();
-    losses.push_back(run.get(m.loss).f.at(0));
-  }
+  const std::vector<float> losses = training_losses(m, "cnn_w0125.input.f32", labels, 5);
   EXPECT_LT(losses.back(), losses.front());
 }
 
@@ -125,18 +132,9 @@ TEST(OnnxImport, EfficientNetV2BlocksComputeWhatPyTorchComputedAndTrain) {
   o.micro_batch = 2;
   o.learning_rate = 0.01;
   const Model m = build_model(kEffV2, o);
-  Interpreter run(m.graph);
-  Buffer x = Buffer::zeros(m.graph.info(m.input));
-  x.f = read_floats(std::string(IPUPOD_ONNX_DIR) + "/effv2_blocks.input.f32");
   Buffer targets = Buffer::zeros(m.graph.info(m.labels));
   targets.f = {0.25f, 0.75f};
-  run.set(m.input, x);
-  run.set(m.labels, targets);
-  std::vector<float> losses;
-  for (int step = 0; step < 5; ++step) {
-    run.run();
-    losses.push_back(run.get(m.loss).f.at(0));
-  }
+  const std::vector<float> losses = training_losses(m, "effv2_blocks.input.f32", targets, 5);
   EXPECT_LT(losses.back(), losses.front());
 }
 
