@@ -504,8 +504,9 @@ int HostRole::finish_stopped() {
   }
   // Under mpirun, a SIGTERM or SIGINT has stopped the relay of the ranks' output (the stop
   // made it non-blocking: stop_signal.cpp), so the notice is kept in the run directory too.
+  // (In one write with its newline: the relay may put another rank's line after each write.)
   std::cerr.clear();
-  std::cerr << message.str() << std::endl;
+  std::cerr << message.str() + "\n" << std::flush;
   write_file_atomically(c_.run_dir, "stopped.txt", message.str() + "\n");
   stopping_ = true;
   server_->close();
