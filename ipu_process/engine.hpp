@@ -128,8 +128,9 @@ class Engine {
  public:
   Engine(const Graph& graph, std::map<std::string, Program> programs, EngineOptions options = {});
   // The same, freeing each compute set's vertex tables in the graph once compiled (see
-  // Graph::release_vertex_tables) and, once built, the tile mappings of the variables the host
-  // cannot access (Graph::release_mapping): for an engine that is the graph's only one.
+  // Graph::release_vertex_tables), each copy's runs (Program::release_copy_data) and, once
+  // built, the tile mappings of the variables the host cannot access (Graph::release_mapping):
+  // for an engine that is the graph's only one, given the only copies of the programs.
   struct ReleaseGraphTables {};
   Engine(Graph& graph, std::map<std::string, Program> programs, EngineOptions options,
          ReleaseGraphTables);
@@ -210,6 +211,13 @@ class Engine {
 
   const Graph& graph_;
   Graph* releasable_ = nullptr;  // the graph whose vertex tables go once compiled
+  // Bytes of the graph's tables and programs' copy runs freed since the heap last gave its free
+  // pages back (see release_compiled).
+  std::size_t freed_since_trim_ = 0;
+  // With releasable_: frees what compiling compute set `cs` or copy `p` no longer needs.
+  void release_compiled(ComputeSetId cs);
+  void release_compiled(const Program& copy);
+  void freed(std::size_t bytes);
   EngineOptions options_;
   MemoryReport memory_;
   // The memory of every tile, in one block of host memory (see allocate_memory).

@@ -195,6 +195,10 @@ struct VertexRecord {
   // Its parameters are its codelet's shared head (ComputeSet::heads) followed by the `params`
   // at first_param.
   static constexpr std::uint8_t kHeaded = 1;
+  // Its worker slices' parameters step evenly (slice k's value of slice parameter j is slice
+  // 0's plus k times a step: a MultiVertex's pieces one after another): its list ends with the
+  // codelet's slice_params.size() steps instead of every slice's values (see Vertex).
+  static constexpr std::uint8_t kStepped = 2;
   std::uint8_t flags = 0;
 };
 static_assert(sizeof(VertexRecord) == 32);

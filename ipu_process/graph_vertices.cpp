@@ -54,6 +54,7 @@ void Graph::release_vertex_tables(ComputeSetId id) {
   std::vector<std::uint32_t>().swap(cs.slice_cycles);
   cs.params.clear();
   std::vector<ComputeSet::Head>().swap(cs.heads);
+  std::vector<std::uint32_t>().swap(cs.vertex_state_regions);
   cs.released = true;
 }
 
@@ -130,6 +131,26 @@ void add_slice_cycles(const Codelet& codelet, const Vertex& vertex, const ArchPr
     out.push_back(static_cast<std::uint32_t>(cycles));
   }
 }
+// Whether the vertex's worker slices' parameters step evenly (see VertexRecord::kStepped):
+// then `out` holds its list as the graph keeps it, the values before the slices' followed by
+// one step per slice parameter. Slice k's value is rebuilt as value + k * step, so each must
+// come out exactly.
+bool stepped_slices(const Codelet& codelet, const Vertex& vertex, std::vector<double>& out) {
+  const std::size_t n = vertex.slices, p = codelet.slice_params.size();
+  if (n < 3 || p == 0) return false;  // with two slices the list is no longer
+  const std::size_t base = vertex.params.size() - (n - 1) * p;
+  out.assign(vertex.params.begin(), vertex.params.begin() + static_cast<std::ptrdiff_t>(base));
+  for (std::size_t j = 0; j < p; ++j) {
+    const double first = vertex.params[codelet.slice_params[j]];
+    const double step = vertex.params[base + j] - first;
+    for (std::size_t k = 1; k < n; ++k)
+      if (std::bit_cast<std::uint64_t>(first + static_cast<double>(k) * step) !=
+          std::bit_cast<std::uint64_t>(vertex.params[base + (k - 1) * p + j]))
+        return false;
+    out.push_back(step);
+  }
+  return true;
+}
 }  // namespace
 
 void Graph::add_vertex(ComputeSetId cs_id, const Vertex& vertex) {
@@ -203,6 +224,11 @@ void Graph::add_vertex(ComputeSetId cs_id, const Vertex& vertex) {
     record.first_field = static_cast<std::uint32_t>(state_regions);
   if (keep_vertex_params_) {
     std::span<const double> list = vertex.params;
+    thread_local std::vector<double> stepped;
+    if (stepped_slices(codelet, vertex, stepped)) {
+      list = stepped;
+      record.flags |= VertexRecord::kStepped;
+    }
     if (const std::size_t k = codelet.shared_params; k > 0 && list.size() >= k) {
       auto head = std::find_if(cs.heads.begin(), cs.heads.end(), [&](const ComputeSet::Head& h) {
         return h.codelet == codelet.index;

@@ -92,6 +92,11 @@ Program Program::copy(std::vector<std::pair<Tensor, Tensor>> pairs) {
   return copy(std::move(runs));
 }
 
+void Program::release_copy_data() const {
+  std::vector<CopyRun>().swap(node_->runs);
+  std::vector<std::pair<View, View>>().swap(node_->view_pairs);
+}
+
 Program Program::copy(CopyRuns runs) {
   Program p(Kind::copy);
   p.node_->runs = std::move(runs.runs_);

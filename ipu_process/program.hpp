@@ -117,6 +117,10 @@ class Program {
   // A copy's pairs when given as views (copy_views or copy(View, View)), else empty.
   const std::vector<std::pair<View, View>>& view_pairs() const { return node_->view_pairs; }
   const std::vector<View>& views() const { return node_->views; }  // write_undef's view
+  // Frees a copy's runs and view pairs in the node every copy of this program shares: for an
+  // engine that was given the only copies of its programs (Engine's ReleaseGraphTables), once
+  // it has compiled the exchange. The copy cannot be compiled again.
+  void release_copy_data() const;
   std::uint64_t count() const { return node_->count; }
   SyncKind sync_kind() const { return node_->sync; }
   CollectiveOp collective_op() const { return node_->op; }

@@ -6,6 +6,10 @@
 #include <numeric>
 #include <unordered_map>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "ipu_process/engine.hpp"
 #include "ipu_process/engine/engine_internal.hpp"
 
@@ -186,6 +190,16 @@ void Engine::CompiledExchange::compact() {
   rows.shrink_to_fit();
 }
 
+namespace {
+
+void give_back_free_pages() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+
+}  // namespace
+
 Engine::Engine(const Graph& graph, std::map<std::string, Program> programs, EngineOptions options)
     : Engine(graph, nullptr, std::move(programs), options) {}
 
@@ -208,6 +222,7 @@ Engine::Engine(const Graph& graph, Graph* releasable, std::map<std::string, Prog
         "an engine that can run needs the vertices' parameters, which this graph dropped "
         "(Graph::drop_vertex_params): build it with executable = false, or keep them");
   allocate_memory(programs);
+  if (releasable_ != nullptr) give_back_free_pages();  // the plan's working sets
   for (auto& [name, program] : programs)
     programs_.emplace(name, std::make_unique<Node>(compile(program)));
   if (releasable_ != nullptr && options_.executable) {
@@ -239,6 +254,34 @@ void Engine::release_mappings() {
 }
 
 Engine::~Engine() = default;
+
+void Engine::release_compiled(ComputeSetId id) {
+  const ComputeSet& cs = graph_.compute_sets()[id];
+  const std::size_t bytes =
+      cs.vertices.capacity() * sizeof(VertexRecord) + cs.entries.capacity() * sizeof(RegionEntry) +
+      (cs.field_ends.capacity() + cs.vertex_state_regions.capacity()) * sizeof(std::uint32_t) +
+      cs.params.size() * (cs.params.is_float() ? sizeof(float) : sizeof(double));
+  releasable_->release_vertex_tables(id);
+  freed(bytes);
+}
+
+void Engine::release_compiled(const Program& copy) {
+  const std::size_t bytes = copy.runs().capacity() * sizeof(CopyRun);
+  copy.release_copy_data();
+  freed(bytes);
+}
+
+void Engine::freed(std::size_t bytes) {
+  // glibc keeps freed memory resident in its free lists, where the engine's tables, built
+  // meanwhile, reuse only part of it (the pieces are of other sizes): give the pages back now
+  // and then, so that a full-size stage's rank never holds both the graph's tables and the
+  // engine's.
+  constexpr std::size_t kTrimEvery = std::size_t{64} << 20;
+  freed_since_trim_ += bytes;
+  if (freed_since_trim_ < kTrimEvery) return;
+  freed_since_trim_ = 0;
+  give_back_free_pages();
+}
 
 Engine::Node Engine::compile(const Program& p) {
   const ArchPreset& arch = graph_.arch();
@@ -304,6 +347,8 @@ Engine::Node Engine::compile(const Program& p) {
         if (v.slices > 1) rt.flags |= CompiledComputeSet::VertexRuntime::kSliced;
         if ((v.flags & VertexRecord::kHeaded) != 0)
           rt.flags |= CompiledComputeSet::VertexRuntime::kHeaded;
+        if ((v.flags & VertexRecord::kStepped) != 0)
+          rt.flags |= CompiledComputeSet::VertexRuntime::kStepped;
         // (A graph without regions checked them as they came: Graph::drop_vertex_regions.)
         for (std::size_t f = 0; f < v.fields && graph_.keeps_vertex_regions(); ++f) {
           std::size_t last = CompiledComputeSet::kNoEntry;
@@ -366,7 +411,7 @@ Engine::Node Engine::compile(const Program& p) {
       node.index = compute_sets_.size();
       compiled_compute_sets_.emplace(p.compute_set(), node.index);
       compute_sets_.push_back(std::move(ccs));
-      if (releasable_ != nullptr) releasable_->release_vertex_tables(p.compute_set());
+      if (releasable_ != nullptr) release_compiled(p.compute_set());
       break;
     }
     case Program::Kind::copy: {
@@ -540,6 +585,7 @@ Engine::Node Engine::compile(const Program& p) {
       node.index = exchanges_.size();
       compiled_exchanges_.emplace(p.identity(), node.index);
       exchanges_.push_back(std::move(ex));
+      if (releasable_ != nullptr) release_compiled(p);
       break;
     }
     case Program::Kind::sync:

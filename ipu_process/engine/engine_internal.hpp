@@ -24,6 +24,7 @@ struct Engine::CompiledComputeSet {
     static constexpr std::uint8_t kWidensFloat16 = 1;  // float16 regions seen as float32
     static constexpr std::uint8_t kSliced = 2;         // worker slices (see Vertex::slices)
     static constexpr std::uint8_t kHeaded = 4;         // its parameters follow its codelet's head
+    static constexpr std::uint8_t kStepped = 8;        // its slices' parameters step evenly
     std::uint32_t field_begin;                         // into field_ends
     std::uint32_t param_begin;                         // into params
     std::uint32_t param_count;
@@ -164,19 +165,26 @@ struct Engine::CompiledComputeSet {
       return;
     }
     // A MultiVertex: worker slice k sees region k of each sliced field and its own values of
-    // the slice parameters (see Vertex).
+    // the slice parameters (see Vertex), each slice 0's plus k steps when they step evenly
+    // (see VertexRecord::kStepped).
     thread_local std::vector<std::span<const Region>> slice_fields;
     thread_local std::vector<double> slice_params;
     const std::size_t slices = vertex_fields[std::countr_zero(codelet.sliced_mask)].size();
     const std::size_t p = codelet.slice_params.size();
-    const std::size_t base_params = vertex_params.size() - (slices - 1) * p;
+    const bool stepped = (v.flags & VertexRuntime::kStepped) != 0;
+    const std::size_t base_params = vertex_params.size() - (stepped ? 1 : slices - 1) * p;
     slice_params.assign(vertex_params.begin(),
                         vertex_params.begin() + static_cast<std::ptrdiff_t>(base_params));
     slice_fields.assign(vertex_fields.begin(), vertex_fields.end());
     for (std::size_t k = 0; k < slices; ++k) {
       for (std::size_t f = 0; f < vertex_fields.size(); ++f)
         if (codelet.sliced_mask >> f & 1U) slice_fields[f] = vertex_fields[f].subspan(k, 1);
-      if (k > 0)
+      if (k > 0 && stepped)
+        for (std::size_t j = 0; j < p; ++j)
+          slice_params[codelet.slice_params[j]] =
+              vertex_params[codelet.slice_params[j]] +
+              static_cast<double>(k) * vertex_params[base_params + j];
+      else if (k > 0)
         for (std::size_t j = 0; j < p; ++j)
           slice_params[codelet.slice_params[j]] = vertex_params[base_params + (k - 1) * p + j];
       run_slice(v, codelet, slice_fields, slice_params, stores.rounding,

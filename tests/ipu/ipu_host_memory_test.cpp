@@ -199,8 +199,9 @@ TEST(HostMemory, ParametersAreFloat32UntilOneIsNot) {
   EXPECT_EQ(std::bit_cast<std::uint64_t>(t[4]), std::bit_cast<std::uint64_t>(0.1));
 }
 
-// A training rank's engine (ReleaseGraphTables) frees the graph's vertex tables and the tile
-// mappings the host cannot use; the host still reads and writes what it may, and it runs alike.
+// A training rank's engine (ReleaseGraphTables) frees the graph's vertex tables, the programs'
+// copy runs and the tile mappings the host cannot use; the host still reads and writes what it
+// may, and it runs alike.
 TEST(HostMemory, ATrainingEngineKeepsOnlyTheMappingsTheHostUses) {
   Graph g(ArchPreset::get("tiny"));
   Tensor x = g.add_variable(DType::f32, {256}, "x"), tmp = g.add_variable(DType::f32, {256}, "tmp");
@@ -219,11 +220,21 @@ TEST(HostMemory, ATrainingEngineKeepsOnlyTheMappingsTheHostUses) {
                               {1.0, 1.0}});
     return Program::execute(cs);
   };
-  Program p = Program::sequence({add(x, x, tmp), add(tmp, x, out)});
+  // tmp = 2x, then tmp moved a quarter of the way round (a copy through a second variable).
+  Tensor moved = g.add_variable(DType::f32, {256}, "moved");
+  g.map_linearly(moved, 8);
+  CopyRuns rotate;
+  rotate.add(tmp.slice(0, 192), moved.slice(64, 256));
+  rotate.add(tmp.slice(192, 256), moved.slice(0, 64));
+  const Program copy = Program::copy(std::move(rotate));
+  ASSERT_FALSE(copy.runs().empty());
+  Program p = Program::sequence({add(x, x, tmp), copy, add(moved, x, out)});
   Engine e(g, {{"p", p}}, EngineOptions{}, Engine::ReleaseGraphTables{});
+  EXPECT_TRUE(copy.runs().empty());
   EXPECT_FALSE(g.variable(x.variable()).mapping.empty());
   EXPECT_FALSE(g.variable(out.variable()).mapping.empty());
   EXPECT_TRUE(g.variable(tmp.variable()).mapping.empty());
+  EXPECT_TRUE(g.variable(moved.variable()).mapping.empty());
   EXPECT_TRUE(g.compute_sets()[0].vertices.empty());
   std::vector<float> values(256);
   for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
@@ -231,7 +242,8 @@ TEST(HostMemory, ATrainingEngineKeepsOnlyTheMappingsTheHostUses) {
     e.write_values(x, values);
     e.run("p");
     const std::vector<float> got = e.read_values(out);
-    for (std::size_t i = 0; i < values.size(); ++i) ASSERT_EQ(got[i], 3.f * values[i]) << i;
+    for (std::size_t i = 0; i < values.size(); ++i)
+      ASSERT_EQ(got[i], 2.f * values[(i + 192) % 256] + values[i]) << i;
   }
 }
 
@@ -433,6 +445,60 @@ TEST(HostMemory, AReductionKeepsOneVertexPerTile) {
     float expect = 0.f;
     for (std::size_t r = 0; r < kRows; ++r) expect += xs[r * kCols + c];
     ASSERT_EQ(std::bit_cast<std::uint32_t>(got[c]), std::bit_cast<std::uint32_t>(expect)) << c;
+  }
+}
+
+
+// A MultiVertex whose worker slices' parameters step evenly (pieces one after another) keeps
+// slice 0's values and one step per slice parameter; one whose pieces do not keeps every
+// slice's values. The engine gives each slice its own values either way.
+TEST(HostMemory, AMultiVertexWithEvenlySteppingSlicesKeepsOnlyTheSteps) {
+  Graph g(ArchPreset::get("tiny"));
+  Tensor x = g.add_variable(DType::f32, {48}, "x"), y = g.add_variable(DType::f32, {48}, "y");
+  Tensor z = g.add_variable(DType::f32, {48}, "z");
+  for (const Tensor& t : {x, y, z}) {
+    g.set_tile_mapping(t, 0);
+    g.set_host_access(t);
+  }
+  // MapAffine, out = 2 * in[piece begin + i]: op (copy scaled), scale, inputs, rank, piece
+  // begin, window axis (none), window, offset of in, 0, shape, stride; then per further slice
+  // its piece begin and offset.
+  const auto map_vertex = [&](const Tensor& out, const std::vector<std::size_t>& begins) {
+    Vertex v{"MapAffine", 0, {{}, {}}, {0, 2, 1, 1, 0, 1, 0, 0, 0, 0, 48, 1}};
+    v.slices = begins.size();
+    for (std::size_t k = 0; k < begins.size(); ++k) {
+      v.fields[0].push_back(x);
+      v.fields[1].push_back(out.slice(begins[k], begins[k] + 12));
+      if (k == 0) {
+        v.params[4] = static_cast<double>(begins[k]);
+      } else {
+        v.params.push_back(static_cast<double>(begins[k]));
+        v.params.push_back(0);
+      }
+    }
+    const ComputeSetId cs = g.add_compute_set("map");
+    g.add_vertex(cs, v);
+    return cs;
+  };
+  const ComputeSetId even = map_vertex(y, {0, 12, 24, 36}), uneven = map_vertex(z, {0, 12, 36});
+  const VertexRecord& stepped = g.compute_sets()[even].vertices[0];
+  EXPECT_EQ(stepped.flags & VertexRecord::kStepped, VertexRecord::kStepped);
+  EXPECT_EQ(stepped.params, 12u + 2u) << "slice 0's list and a step per slice parameter";
+  const VertexRecord& listed = g.compute_sets()[uneven].vertices[0];
+  EXPECT_EQ(listed.flags & VertexRecord::kStepped, 0);
+  EXPECT_EQ(listed.params, 12u + 2u * 2u);
+
+  Program p = Program::sequence({Program::execute(even), Program::execute(uneven)});
+  Engine e(g, {{"p", p}});
+  std::vector<float> values(48), zeros(48, 0.f);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) + 0.5f;
+  e.write_values(x, values);
+  e.write_values(z, zeros);
+  e.run("p");
+  const std::vector<float> got_y = e.read_values(y), got_z = e.read_values(z);
+  for (std::size_t i = 0; i < 48; ++i) {
+    ASSERT_EQ(got_y[i], 2.f * values[i]) << i;
+    ASSERT_EQ(got_z[i], i >= 24 && i < 36 ? 0.f : 2.f * values[i]) << i;
   }
 }
 
