@@ -182,15 +182,10 @@ bool solve(const CostTable& t, bool bounded, std::vector<std::size_t>& starts) {
   return true;
 }
 
-}  // namespace
-
-SplitPlan split_pipeline(Graph& g, std::size_t stages, const SplitCosts& c) {
-  const CostTable table(g, stages, c);
-  std::vector<std::size_t> starts;
-  if (!solve(table, true, starts)) solve(table, false, starts);  // none fits: the fastest
-  SplitPlan plan = table.plan(starts);
-
-  // Compute ops on their unit's stage, inputs on stage 0, the rest on their first user's.
+// Compute ops on their unit's stage (stage s from unit starts[s]), inputs on stage 0, the rest
+// on their first user's.
+void assign_stages(Graph& g, const CostTable& table, const std::vector<std::size_t>& starts) {
+  const std::size_t stages = starts.size();
   const std::vector<Op>& ops = g.ops();
   const std::size_t n = table.size();
   std::vector<int> stage_of_unit(n);
@@ -209,6 +204,65 @@ SplitPlan split_pipeline(Graph& g, std::size_t stages, const SplitCosts& c) {
     else
       g.set_op_stage(i, first_user[static_cast<std::size_t>(*ops[i].output)]);
   }
+}
+
+// The module path an op's name spells: the name itself, or from an exported ONNX node's
+// scopes, each either the one before it extended ("features.1" after "features") or a child of
+// it ("block" after "features.1.0": features.1.0.block).
+std::string module_path(std::string_view name) {
+  if (name.find('/') == std::string_view::npos) return std::string(name);
+  std::string path;
+  std::string_view last;
+  for (std::size_t at = 0; at <= name.size();) {
+    const std::size_t end = std::min(name.find('/', at), name.size());
+    const std::string_view part = name.substr(at, end - at);
+    at = end + 1;
+    if (part.empty()) continue;
+    if (!last.empty() && part.size() > last.size() && part.substr(0, last.size()) == last &&
+        part[last.size()] == '.')
+      path += part.substr(last.size());
+    else
+      path += (path.empty() ? "" : ".") + std::string(part);
+    last = part;
+  }
+  return path;
+}
+
+}  // namespace
+
+bool names_block(std::string_view name, std::string_view block) {
+  const std::string path = module_path(name);
+  return !block.empty() && path.compare(0, block.size(), block) == 0 &&
+         (path.size() == block.size() || path[block.size()] == '.');
+}
+
+SplitPlan split_pipeline(Graph& g, std::size_t stages, const SplitCosts& c) {
+  const CostTable table(g, stages, c);
+  std::vector<std::size_t> starts;
+  if (!solve(table, true, starts)) solve(table, false, starts);  // none fits: the fastest
+  assign_stages(g, table, starts);
+  return table.plan(starts);
+}
+
+SplitPlan split_at(Graph& g, const std::vector<std::string>& blocks, const SplitCosts& c) {
+  const CostTable table(g, blocks.size() + 1, c);
+  std::vector<std::size_t> starts = {0};
+  for (const std::string& block : blocks) {
+    std::size_t u = starts.back() + 1;
+    while (u < table.size() && !names_block(g.ops()[table.units[u]].name, block)) ++u;
+    if (u == table.size()) {
+      const std::string& after = g.ops()[table.units[starts.back()]].name;
+      throw std::invalid_argument(
+          "--split-at '" + block + "': no forward compute op after '" + after +
+          "' (where stage " + std::to_string(starts.size() - 1) +
+          " begins) is in that block; give the blocks in graph order, each a module path as "
+          "'ipupod info --model' lists the layers (e.g. 'layer3' or 'features.4')");
+    }
+    starts.push_back(u);
+  }
+  assign_stages(g, table, starts);
+  SplitPlan plan = table.plan(starts);
+  plan.given = true;
   return plan;
 }
 

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "models/ir.hpp"
@@ -32,6 +33,7 @@ struct StageEstimate {
 struct SplitPlan {
   std::vector<StageEstimate> stages;
   bool fits = true;  // false: no split fits the estimated memory; the balanced one was taken
+  bool given = false;  // the user's (split_at), not searched for
 };
 
 // Sets pipeline_stage of every op of `g` (a forward graph, before autodiff): compute ops by a
@@ -39,6 +41,19 @@ struct SplitPlan {
 // memory, inputs on stage 0, parameters, state and constants on the stage of their first user.
 // Throws std::invalid_argument when there are fewer compute ops than stages.
 SplitPlan split_pipeline(Graph& g, std::size_t stages, const SplitCosts& costs);
+
+// Whether an op named `name` is in the block `block`, a module path as `ipupod info --model`
+// lists the layers (PopTorch's BeginBlock names a module so): the op's module path, the name
+// itself or, for an exported ONNX node, the one its '/'-separated scopes spell
+// ("/layer3/layer3.0/conv1/Conv": layer3.0.conv1.Conv), is `block` or begins with `block` and a
+// '.' ("layer3" names "layer3.0.conv1", not "layer30").
+bool names_block(std::string_view name, std::string_view block);
+
+// A split by the user (`--split-at`): stage s + 1 begins at the first forward compute op after
+// stage s's first that `starts[s]` names (names_block); the other ops go as split_pipeline puts
+// them. Throws std::invalid_argument naming a start that names no later compute op, or an empty
+// one.
+SplitPlan split_at(Graph& g, const std::vector<std::string>& starts, const SplitCosts& costs);
 
 // The estimates of the split `g` already has (its compute ops in `stages` contiguous stages in
 // graph order, e.g. from the model's split marks); throws std::invalid_argument otherwise.

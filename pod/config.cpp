@@ -117,6 +117,16 @@ void validate_pipeline(const TrainConfig& c) {
   if (c.split != "model" && c.split != "auto")
     throw UsageError("--split must be model (the model's split marks) or auto, got '" + c.split +
                      "'");
+  if (!c.split_at.empty() && c.split == "auto")
+    throw UsageError("--split-at gives the split, --split auto asks for one to be found: use one");
+  if (!c.split_at.empty() && c.split_at.size() + 1 != c.stages)
+    throw UsageError("--split-at names " + std::to_string(c.split_at.size()) +
+                     " block(s) that begin stages, which makes " +
+                     std::to_string(c.split_at.size() + 1) + " stages, but --stages is " +
+                     std::to_string(c.stages) + "; name --stages minus one blocks");
+  for (const std::string& block : c.split_at)
+    if (block.empty())
+      throw UsageError("--split-at: an empty block name; give module paths separated by commas");
   if (c.recompute && (c.stages < 2 || c.pipeline_schedule != "grouped"))
     throw UsageError(
         "--recompute trades compute for the activation stashes of the grouped pipeline, which "
@@ -226,6 +236,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"available_memory_proportion", c.available_memory_proportion},
           {"partials_type", c.partials_type},
           {"split", c.split},
+          {"split_at", c.split_at},
           {"micro_batch", c.micro_batch},
           {"gradient_accumulation", c.gradient_accumulation},
           {"device_iterations", c.device_iterations},
@@ -269,6 +280,7 @@ std::vector<std::string> resume_differences(const TrainConfig& c, const nlohmann
                                        "replicas",
                                        "stages",
                                        "split",
+                                       "split_at",
                                        "micro_batch",
                                        "gradient_accumulation",
                                        "device_iterations",

@@ -46,6 +46,8 @@ struct TrainConfig {
   // half gives float16 products the AMP's FP16.16 rate in the cycle estimates.
   std::string partials_type = "float";
   std::string split = "model";  // stages from the model's split marks, or "auto" (balanced)
+  // Or the blocks that begin stages 1, 2, ... (module paths, like PopTorch's BeginBlock).
+  std::vector<std::string> split_at;
   std::size_t micro_batch = 16;
   std::size_t gradient_accumulation = 1;
   std::size_t device_iterations = 1;

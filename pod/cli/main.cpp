@@ -59,6 +59,11 @@ CLI::Option* add_model_options(CLI::App& app, TrainConfig& c) {
                  "Pipeline split: model (the model's own split marks) or auto (contiguous stages "
                  "balancing estimated cycles under each IPU's memory)")
       ->capture_default_str();
+  app.add_option("--split-at", c.split_at,
+                 "Pipeline split by hand, as PopTorch's BeginBlock: the blocks (module paths as "
+                 "`ipupod info --model` lists the layers, e.g. layer3,layer4) that begin stages "
+                 "1, 2, ...; --stages minus one of them, in graph order")
+      ->delimiter(',');
   app.add_option("--available-memory-proportion", c.available_memory_proportion,
                  "Share of each tile's memory the planners may give one matmul, convolution or "
                  "pooling (Poplar's availableMemoryProportion): lower trades speed for memory")
@@ -231,6 +236,7 @@ std::vector<std::string> expand_config_file(CLI::App& app, std::vector<std::stri
       if (value.get<bool>()) inserted.push_back(name);
       continue;
     }
+    if (value.is_array() && value.empty()) continue;  // an empty list: the default (none)
     inserted.push_back(name);
     if (value.is_array()) {
       for (const auto& v : value) inserted.push_back(text(v));

@@ -41,7 +41,7 @@ models::ModelOptions model_options(const TrainConfig& config, const DataShape& d
 
 void use_automatic_split(const TrainConfig& c, models::ModelOptions& training,
                          models::SplitPlan* plan) {
-  if (c.split != "auto" || c.stages < 2) return;
+  if ((c.split != "auto" && c.split_at.empty()) || c.stages < 2) return;
   const ipu::ArchPreset& arch = ipu::ArchPreset::get(c.arch);
   const fabric::Topology topology = fabric::Topology::preset(c.topology);
   models::SplitCosts costs;
@@ -55,15 +55,16 @@ void use_automatic_split(const TrainConfig& c, models::ModelOptions& training,
   const std::string& o = c.optimizer;
   costs.parameter_copies = 2.0 + (o == "adam" || o == "adamw" ? 2.0 : o == "sgd" ? 0.0 : 1.0);
   const std::size_t stages = c.stages;
-  training.assign_stages = [costs, stages, plan](models::Graph& g) {
-    const models::SplitPlan made = models::split_pipeline(g, stages, costs);
+  training.assign_stages = [costs, stages, plan, blocks = c.split_at](models::Graph& g) {
+    const models::SplitPlan made = blocks.empty() ? models::split_pipeline(g, stages, costs)
+                                                  : models::split_at(g, blocks, costs);
     if (plan) *plan = made;
   };
 }
 
 void follow_automatic_split(const TrainConfig& c, const models::Model& trained,
                             models::ModelOptions& eval) {
-  if (c.split != "auto" || c.stages < 2) return;
+  if ((c.split != "auto" && c.split_at.empty()) || c.stages < 2) return;
   eval.assign_stages = [stages = models::variable_stages(trained.graph)](models::Graph& g) {
     models::follow_split(g, stages);
   };
@@ -71,8 +72,13 @@ void follow_automatic_split(const TrainConfig& c, const models::Model& trained,
 
 std::string describe_split(const models::SplitPlan& plan) {
   std::ostringstream out;
-  out << "automatic split into " << plan.stages.size() << " stages (estimates per micro-batch"
-      << (plan.fits ? "" : "; none fits the estimated memory, so the fastest was taken") << "):";
+  if (plan.given)
+    out << "split at the --split-at blocks into " << plan.stages.size()
+        << " stages (estimates per micro-batch"
+        << (plan.fits ? "" : "; by these estimates a stage does not fit its IPU's memory") << "):";
+  else
+    out << "automatic split into " << plan.stages.size() << " stages (estimates per micro-batch"
+        << (plan.fits ? "" : "; none fits the estimated memory, so the fastest was taken") << "):";
   for (std::size_t s = 0; s < plan.stages.size(); ++s) {
     const models::StageEstimate& e = plan.stages[s];
     out << "\n  stage " << s << ": " << e.first << " .. " << e.last << " (" << e.ops << " ops, "

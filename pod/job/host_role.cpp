@@ -226,9 +226,12 @@ void HostRole::open_data() {
   startup_.sample_shape = train_->info().inputs.sample_shape;
   DataShape probe = startup_.data_shape();
   probe.classes = 2;
-  const models::Model model = models::build_model(c_.model, model_options(c_, probe, false));
+  models::ModelOptions options = model_options(c_, probe, false);
+  // A split by hand is made here too, so that blocks that name no op fail once, here.
+  if (!c_.split_at.empty()) use_automatic_split(c_, options, nullptr);
+  const models::Model model = models::build_model(c_.model, options);
   // More stages than the model's split marks make fails here, once, not on every IPU.
-  if (c_.split == "model") check_stage_count(c_, model);
+  if (c_.split == "model" && c_.split_at.empty()) check_stage_count(c_, model);
   check_input_shape(train_->file(), model);
   if (model.task == models::Task::classification) {
     std::vector<std::string> warnings;

@@ -422,18 +422,53 @@ nlohmann::json IpuRole::memory_report() const {
   return report;
 }
 
+// Every stage's final weights go to the host (which counts them and checks that the replicas
+// agree), a later stage's through the first: its report lists their ids and shapes, then it
+// sends their values.
 void IpuRole::send_reports_and_weights() {
   nlohmann::json report = memory_report();
   report["trace"] = trace_json(engine_->trace(), arch_);  // every stage's, for trace.json
+  if (!first_stage()) {
+    nlohmann::json shapes = nlohmann::json::array();
+    for (const auto& [id, tensor] : compiled_.parameters) {
+      const ipu::Shape& shape = tensor.shape();
+      shapes.push_back({{"id", id}, {"shape", std::vector<std::size_t>(shape.begin(), shape.end())}});
+    }
+    report["parameter_shapes"] = std::move(shapes);
+  }
   std::vector<nlohmann::json> later = relay_.gather_reports(report);
-  if (!first_stage()) return;
+  if (!first_stage()) {
+    for (const auto& [id, tensor] : compiled_.parameters) {
+      const std::vector<float> values = engine_->read_values(tensor);  // float32 for the host
+      relay_.send_to_first(std::as_bytes(std::span(values)));
+    }
+    return;
+  }
+  std::vector<nlohmann::json> later_shapes;
+  std::size_t tensors = compiled_.parameters.size();
+  for (nlohmann::json& stage : later) {
+    later_shapes.push_back(std::move(stage.at("parameter_shapes")));
+    stage.erase("parameter_shapes");
+    tensors += later_shapes.back().size();
+  }
+  report["parameter_tensors"] = tensors;
   if (!later.empty()) report["later_stages"] = std::move(later);
   client_->send({kReportFrames, step_, text_array(report.dump())});
   for (const auto& [id, tensor] : compiled_.parameters) {
-    const std::vector<float> values = engine_->read_values(tensor);  // float32 for the host
+    const std::vector<float> values = engine_->read_values(tensor);
     client_->send({kWeightFrames, static_cast<std::uint64_t>(id),
                    array_of(host::DType::f32, tensor.shape(), std::as_bytes(std::span(values)))});
   }
+  for (std::size_t s = 0; s < later_shapes.size(); ++s)
+    for (const nlohmann::json& p : later_shapes[s]) {
+      const auto shape = p.at("shape").get<std::vector<std::size_t>>();
+      std::size_t elements = 1;
+      for (std::size_t d : shape) elements *= d;
+      std::vector<float> values(elements);
+      relay_.receive_from(static_cast<int>(s + 1), std::as_writable_bytes(std::span(values)));
+      client_->send({kWeightFrames, p.at("id").get<std::uint64_t>(),
+                     array_of(host::DType::f32, shape, std::as_bytes(std::span(values)))});
+    }
 }
 
 }  // namespace

@@ -169,5 +169,61 @@ TEST(PipelineSplit, TheEvaluationModelFollowsTheTrainingSplit) {
     }
 }
 
+// A block names the ops of a module path, whether the op's name spells it with dots (the zoo's)
+// or as an exported ONNX node's scopes.
+TEST(PipelineSplit, ABlockNamesTheOpsOfItsModulePath) {
+  EXPECT_TRUE(names_block("fc3.matmul", "fc3"));
+  EXPECT_TRUE(names_block("fc3", "fc3"));
+  EXPECT_FALSE(names_block("fc30.matmul", "fc3"));
+  EXPECT_FALSE(names_block("fc3.matmul", "fc"));
+  EXPECT_FALSE(names_block("fc3.matmul", ""));
+  EXPECT_TRUE(names_block("/layer3/layer3.0/conv1/Conv", "layer3"));
+  EXPECT_TRUE(names_block("/layer3/layer3.0/conv1/Conv", "layer3.0.conv1"));
+  EXPECT_FALSE(names_block("/layer3/layer3.0/conv1/Conv", "layer3.1"));
+  EXPECT_FALSE(names_block("/layer30/layer30.0/Relu", "layer3"));
+  const char* node = "/features/features.1/features.1.0/block/block.0/block.0.0/Conv";
+  EXPECT_TRUE(names_block(node, "features.1"));
+  EXPECT_TRUE(names_block(node, "features.1.0.block.0"));
+  EXPECT_FALSE(names_block(node, "features.1.0.block.1"));
+  EXPECT_FALSE(names_block(node, "block.0"));  // a module path from the model's root
+}
+
+// --split-at: each named block begins a stage at its first op, as PopTorch's BeginBlock does;
+// parameters go with their first user; blocks that name no later op are refused.
+TEST(PipelineSplit, SplitsAtTheBlocksTheUserNames) {
+  Graph forward;
+  forward_only(uneven_mlp(), &forward);
+  Graph g = forward;
+  const SplitPlan plan = split_at(g, {"fc3", "fc6"}, costs());
+  EXPECT_TRUE(plan.given);
+  ASSERT_EQ(plan.stages.size(), 3u);
+  EXPECT_TRUE(names_block(plan.stages[1].first, "fc3")) << plan.stages[1].first;
+  EXPECT_TRUE(names_block(plan.stages[2].first, "fc6")) << plan.stages[2].first;
+  std::size_t compute = 0;
+  for (const Op& op : g.ops()) {
+    if (op.kind == OpKind::input) {
+      EXPECT_EQ(op.pipeline_stage, 0);
+    }
+    if (op.kind == OpKind::parameter || !is_compute(op)) continue;
+    ++compute;
+    // flatten, then fcK and reluK for K = 0..7, then the head and the loss.
+    const std::size_t digit = op.name.find_first_of("0123456789");
+    const int layer = digit == std::string::npos || op.name.rfind("head", 0) == 0
+                          ? (op.name.rfind("flatten", 0) == 0 ? -1 : 8)  // the head and loss
+                          : std::stoi(op.name.substr(digit));
+    EXPECT_EQ(op.pipeline_stage, layer < 3 ? 0 : layer < 6 ? 1 : 2) << op.name;
+  }
+  EXPECT_GT(compute, 8u);
+  for (const Op& op : g.ops())
+    if (op.kind == OpKind::parameter && names_block(g.value(*op.output).name, "fc4")) {
+      EXPECT_EQ(op.pipeline_stage, 1) << g.value(*op.output).name;
+    }
+  for (const std::vector<std::string>& bad :
+       {std::vector<std::string>{"fc6", "fc3"}, {"fc"}, {"flatten"}, {"nothing"}}) {
+    Graph h = forward;
+    EXPECT_THROW(split_at(h, bad, costs()), std::invalid_argument) << bad[0];
+  }
+}
+
 }  // namespace
 }  // namespace ipupod::models

@@ -273,6 +273,32 @@ TEST_F(PodTrain, AnOnnxModelExportedFromPyTorchTrainsOnTheReplicas) {
                    "no such ONNX file");
 }
 
+// A user's own split of an exported model (--split-at, as PopTorch's BeginBlock): the second
+// convolution block begins stage 1, the job says so and trains; a block that names no op is
+// bad input.
+TEST_F(PodTrain, AnOnnxModelTrainsOnTheStagesItsSplitAtBlocksBegin) {
+  const fs::path run_dir = dir() / "onnx-split";
+  const std::string model = std::string(" --model ") + IPUPOD_ONNX_DIR + "/cnn_w0125.onnx";
+  const Result r = run(mpirun(3) + "train" + model + " --data " + data().string() +
+                       " --stages 2 --split-at features.4 --micro-batch 8"
+                       " --gradient-accumulation 2 --epochs 1 --learning-rate 0.05"
+                       " --arch tiny --topology m2000 --run-dir " +
+                       run_dir.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("split at the --split-at blocks into 2 stages"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("stage 1: /features/features.4/Conv .."), std::string::npos)
+      << r.output;
+  std::ifstream in(run_dir / "summary.json");
+  const auto summary = nlohmann::json::parse(in);
+  EXPECT_EQ(summary.at("config").at("split_at"), nlohmann::json::array({"features.4"}));
+  EXPECT_EQ(summary.at("parameters").get<std::size_t>(), 6806u);
+  EXPECT_GT(summary.at("test_accuracy").get<double>(), 0.3) << r.output;  // 10%: guessing
+  expect_bad_input(run(mpirun(3) + "train" + model + " --data " + data().string() +
+                       " --stages 2 --split-at features.9 --gradient-accumulation 2 --arch tiny"),
+                   "--split-at 'features.9': no forward compute op after");
+}
+
 // The main job in small: the HAE on real climate patches (Debian's netCDF fields), split over
 // two pipeline stages, Adam on the tiles; the test PSNR over the valid cells rises epoch over
 // epoch and the summary carries the compression ratio of the codes.
