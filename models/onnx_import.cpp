@@ -231,30 +231,23 @@ class Importer {
       if (!a) throw std::invalid_argument(where + ": a Constant without a tensor 'value'");
       constants_[node.output(0)] = read_tensor((*a)->t(), where);
       return;
-    } else if (op == "Conv") {
+    } else if (op == "Conv" || op == "ConvTranspose") {
       const ValueId x = in(0), w = in(1);
       const Shape& ws = g_.info(w).shape;
       if (ws.size() != 4) throw std::invalid_argument(where + ": 2-D convolutions are supported");
-      const auto strides = ints_attr(node, "strides", {1, 1});
-      const auto dilations = ints_attr(node, "dilations", {1, 1});
-      const auto pads = ints_attr(node, "pads", {0, 0, 0, 0});
-      if (strides.size() != 2 || dilations.size() != 2 || pads.size() != 4)
-        throw std::invalid_argument(where + ": expected 2 strides, 2 dilations and 4 pads");
-      const auto auto_pad = attribute(node, "auto_pad");
-      if (auto_pad && (*auto_pad)->s() != "NOTSET")
-        throw std::invalid_argument(where + ": auto_pad " + (*auto_pad)->s() +
-                                    " is not supported; export with explicit pads");
-      Conv2dGeometry geo;
-      geo.stride_h = size(strides[0], node, "a stride");
-      geo.stride_w = size(strides[1], node, "a stride");
-      geo.dilation_h = size(dilations[0], node, "a dilation");
-      geo.dilation_w = size(dilations[1], node, "a dilation");
-      geo.pad_top = size(pads[0], node, "a pad");
-      geo.pad_left = size(pads[1], node, "a pad");
-      geo.pad_bottom = size(pads[2], node, "a pad");
-      geo.pad_right = size(pads[3], node, "a pad");
-      geo.groups = size(int_attr(node, "group", 1), node, "group");
-      y = g_.conv2d(x, w, geo, name);
+      const Conv2dGeometry geo = conv_geometry(node, where);
+      if (op == "Conv") {
+        y = g_.conv2d(x, w, geo, name);
+      } else {
+        if (attribute(node, "output_shape"))
+          throw std::invalid_argument(where +
+                                      ": output_shape is not supported; export with pads and "
+                                      "output_padding (PyTorch's ConvTranspose2d does)");
+        const auto extra = ints_attr(node, "output_padding", {0, 0});
+        if (extra.size() != 2) throw std::invalid_argument(where + ": expected 2 output_padding");
+        y = g_.conv_transpose2d(x, w, geo, size(extra[0], node, "an output_padding"),
+                                size(extra[1], node, "an output_padding"), name);
+      }
       if (has(2)) y = channel(BinaryFn::add, y, in(2), name + ".bias");
     } else if (op == "BatchNormalization") {
       const ValueId x = in(0), scale = in(1), bias = in(2), mean = in(3), var = in(4);
@@ -358,12 +351,36 @@ class Importer {
       y = in(0);
     } else {
       throw std::invalid_argument(where + ": operator " + op +
-                                  " is not supported (supported: Conv, BatchNormalization, Relu, "
-                                  "Sigmoid, Tanh, MaxPool, AveragePool, GlobalAveragePool, "
+                                  " is not supported (supported: Conv, ConvTranspose, BatchNormalization, "
+                                  "Relu, Sigmoid, Tanh, MaxPool, AveragePool, GlobalAveragePool, "
                                   "Flatten, Reshape, Gemm, MatMul, Add, Sub, Mul, Div, Identity, "
                                   "Dropout, Constant)");
     }
     values_[node.output(0)] = y;
+  }
+
+  // A Conv's or ConvTranspose's strides, dilations, explicit pads and groups.
+  Conv2dGeometry conv_geometry(const onnx::NodeProto& node, const std::string& where) const {
+    const auto strides = ints_attr(node, "strides", {1, 1});
+    const auto dilations = ints_attr(node, "dilations", {1, 1});
+    const auto pads = ints_attr(node, "pads", {0, 0, 0, 0});
+    if (strides.size() != 2 || dilations.size() != 2 || pads.size() != 4)
+      throw std::invalid_argument(where + ": expected 2 strides, 2 dilations and 4 pads");
+    const auto auto_pad = attribute(node, "auto_pad");
+    if (auto_pad && (*auto_pad)->s() != "NOTSET")
+      throw std::invalid_argument(where + ": auto_pad " + (*auto_pad)->s() +
+                                  " is not supported; export with explicit pads");
+    Conv2dGeometry geo;
+    geo.stride_h = size(strides[0], node, "a stride");
+    geo.stride_w = size(strides[1], node, "a stride");
+    geo.dilation_h = size(dilations[0], node, "a dilation");
+    geo.dilation_w = size(dilations[1], node, "a dilation");
+    geo.pad_top = size(pads[0], node, "a pad");
+    geo.pad_left = size(pads[1], node, "a pad");
+    geo.pad_bottom = size(pads[2], node, "a pad");
+    geo.pad_right = size(pads[3], node, "a pad");
+    geo.groups = size(int_attr(node, "group", 1), node, "group");
+    return geo;
   }
 
   // x [n, c, ...] (op) v [c], as a per-channel scale or shift.

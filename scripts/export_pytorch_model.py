@@ -9,6 +9,8 @@ for --torchvision and --efficientnet-v2-blocks, python3-torchvision.
       --fixture tests/models/onnx   # also the inputs and PyTorch's outputs, for the tests
   scripts/export_pytorch_model.py --efficientnet-v2-blocks --classes 1 --input-shape 3,32,32 \\
       --out effv2_blocks.onnx --fixture tests/models/onnx
+  scripts/export_pytorch_model.py --upsampling --input-shape 1,16,16 --out upsampling.onnx \
+      --fixture tests/models/onnx
 
 The model is exported as it trains on an IPU: BatchNormalization kept as its own node with its
 running statistics (not folded into the convolution), Dropout left out (inference form), a
@@ -59,7 +61,29 @@ def efficientnet_v2_blocks(classes):
                         last_channel=64, norm_layer=partial(nn.BatchNorm2d, eps=1e-3))
 
 
+class Upsampling(nn.Module):
+    """Down and up again as a generator does (TransCycleGAN's decoder, the HAE's): strided
+    convolutions, then transposed convolutions (stride 2, padding 1, output padding 1, with
+    bias; one grouped), batch norm, ReLU and Tanh, and a classifier head."""
+
+    def __init__(self, in_channels=1, size=16, classes=10):
+        super().__init__()
+        self.down = nn.Sequential(
+            nn.Conv2d(in_channels, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8),
+            nn.ReLU(), nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU())
+        self.up = nn.Sequential(
+            nn.ConvTranspose2d(16, 8, 3, stride=2, padding=1, output_padding=1),
+            nn.BatchNorm2d(8), nn.ReLU(),
+            nn.ConvTranspose2d(8, 4, 4, stride=2, padding=1, groups=2), nn.Tanh())
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(4 * size * size, classes))
+
+    def forward(self, x):
+        return self.head(self.up(self.down(x)))
+
+
 def build(args, shape):
+    if args.upsampling:
+        return Upsampling(shape[0], shape[1], args.classes)
     if args.efficientnet_v2_blocks:
         return efficientnet_v2_blocks(args.classes)
     if args.torchvision:
@@ -80,6 +104,8 @@ def main():
     which.add_argument("--efficientnet-v2-blocks", action="store_true",
                        help="a small network of EfficientNetV2-S's blocks (torchvision's); "
                        "--classes 1 for a regressor")
+    which.add_argument("--upsampling", action="store_true",
+                       help="a small down-and-up network with transposed convolutions")
     which.add_argument("--cnn-width", type=float, default=1.0,
                        help="the zoo's CNN with its channels scaled (default; 1.0: full size)")
     parser.add_argument("--input-shape", default="1,28,28", help="one sample: C,H,W")

@@ -138,6 +138,39 @@ TEST(OnnxImport, EfficientNetV2BlocksComputeWhatPyTorchComputedAndTrain) {
   EXPECT_LT(losses.back(), losses.front());
 }
 
+// Transposed convolutions (strides 2, pads, output padding, bias, groups) as a generator's
+// decoder uses them, exported from PyTorch's ConvTranspose2d.
+TEST(OnnxImport, TransposedConvolutionsComputeWhatPyTorchComputedAndTrain) {
+  const std::string file = std::string(IPUPOD_ONNX_DIR) + "/upsampling.onnx";
+  {
+    const Model m = import(file, false);
+    EXPECT_EQ(m.parameter_count(), 12942u);  // sum(p.numel()) in PyTorch, printed by the export
+    std::size_t transposed = 0;
+    for (const Op& op : m.graph.ops()) transposed += op.kind == OpKind::conv_transpose2d;
+    EXPECT_EQ(transposed, 2u);
+    Interpreter run(m.graph);
+    Buffer x = Buffer::zeros(m.graph.info(m.input));
+    x.f = read_floats(std::string(IPUPOD_ONNX_DIR) + "/upsampling.input.f32");
+    ASSERT_EQ(x.f.size(), 2u * 16 * 16);
+    run.set(m.input, x);
+    run.set(m.labels, Buffer::zeros(m.graph.info(m.labels)));
+    run.run({Phase::forward});
+    const std::vector<float> expected =
+        read_floats(std::string(IPUPOD_ONNX_DIR) + "/upsampling.output.f32");
+    const std::vector<float>& got = run.get(m.logits).f;
+    ASSERT_EQ(got.size(), expected.size());
+    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], expected[i], 1e-5) << i;
+  }
+  ModelOptions o;
+  o.micro_batch = 2;
+  o.learning_rate = 0.01;
+  const Model m = build_model(file, o);
+  Buffer labels = Buffer::zeros(m.graph.info(m.labels));
+  labels.i = {3, 7};
+  const std::vector<float> losses = training_losses(m, "upsampling.input.f32", labels, 5);
+  EXPECT_LT(losses.back(), losses.front());
+}
+
 // A file written here with the ONNX library: one node of an operator not mapped.
 std::string write_model_with(const std::string& op, const std::vector<int>& dims,
                              const fs::path& dir) {
