@@ -111,18 +111,15 @@ class Importer {
   }
 
  private:
-  // Initializers that are weights: the inputs of Conv, ConvTranspose, Gemm, MatMul after the
-  // first, and BatchNormalization's scale and bias.
+  // Initializers that are weights: every float one (an exported module's parameters) but
+  // BatchNormalization's running mean and variance, which are model state.
   void find_parameters(const onnx::GraphProto& graph) {
-    for (const auto& node : graph.node()) {
-      const std::string& op = node.op_type();
-      int first = -1, last = -1;  // input positions that are weights
-      if (op == "Conv" || op == "ConvTranspose" || op == "Gemm" || op == "MatMul")
-        first = 1, last = node.input_size() - 1;
-      if (op == "BatchNormalization") first = 1, last = 2;
-      for (int i = std::max(first, 0); first >= 0 && i <= last && i < node.input_size(); ++i)
-        if (constants_.count(node.input(i))) trained_.insert(node.input(i));
-    }
+    std::set<std::string> statistics;
+    for (const auto& node : graph.node())
+      if (node.op_type() == "BatchNormalization")
+        for (int i = 3; i <= 4 && i < node.input_size(); ++i) statistics.insert(node.input(i));
+    for (const auto& [name, c] : constants_)
+      if (c.is_float && !statistics.count(name)) trained_.insert(name);
   }
 
   void make_input(const onnx::GraphProto& graph) {
@@ -340,7 +337,7 @@ class Importer {
                                          : g_.binary(BinaryFn::add, y, c, name + ".bias");
       }
     } else if (op == "MatMul") {
-      y = g_.matmul(in(0), in(1), false, false, name);
+      y = matmul(in(0), in(1), name, where);
     } else if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") {
       const BinaryFn fn = op == "Add"   ? BinaryFn::add
                           : op == "Sub" ? BinaryFn::sub
@@ -349,14 +346,177 @@ class Importer {
       y = g_.binary(fn, in(0), in(1), name);
     } else if (op == "Identity" || op == "Dropout") {  // inference-mode Dropout: identity
       y = in(0);
+    } else if (op == "Sqrt" || op == "Exp" || op == "Log" || op == "Neg" || op == "Abs" ||
+               op == "Erf") {
+      if (op == "Erf")
+        throw std::invalid_argument(where +
+                                    ": operator Erf is not supported (the exact GELU's: export "
+                                    "GELU as nn.GELU(approximate='tanh'))");
+      const UnaryFn fn = op == "Sqrt"  ? UnaryFn::sqrt
+                         : op == "Exp" ? UnaryFn::exp
+                         : op == "Log" ? UnaryFn::log
+                         : op == "Neg" ? UnaryFn::neg
+                                       : UnaryFn::abs;
+      y = g_.unary(fn, in(0), name);
+    } else if (op == "Reciprocal") {
+      y = g_.binary(BinaryFn::div, g_.constant(name + ".one", {DType::f32, {1}}, 1.0), in(0),
+                    name);
+    } else if (op == "Pow") {
+      const auto e = constants_.find(node.input(1));
+      if (e == constants_.end() || !e->second.is_float || e->second.floats.size() != 1 ||
+          (e->second.floats[0] != 2 && e->second.floats[0] != 0.5f && e->second.floats[0] != 1 &&
+           e->second.floats[0] != 3))
+        throw std::invalid_argument(where + ": Pow with a constant exponent 0.5, 1, 2 or 3 is "
+                                            "supported");
+      const float exponent = e->second.floats[0];
+      const ValueId x = in(0);
+      y = exponent == 1     ? x
+          : exponent == 0.5 ? g_.unary(UnaryFn::sqrt, x, name)
+          : exponent == 2   ? g_.unary(UnaryFn::square, x, name)
+                            : g_.binary(BinaryFn::mul, g_.unary(UnaryFn::square, x, name + ".square"),
+                                        x, name);
+    } else if (op == "Softmax") {
+      const ValueId x = in(0);
+      const std::size_t rank = g_.info(x).shape.size();
+      if (axis(int_attr(node, "axis", -1), rank, where) != rank - 1)
+        throw std::invalid_argument(where + ": Softmax over the last axis is supported");
+      y = g_.softmax(x, name);
+    } else if (op == "Transpose") {
+      const ValueId x = in(0);
+      const std::size_t rank = g_.info(x).shape.size();
+      std::vector<std::int64_t> reversed;
+      for (std::size_t d = rank; d-- > 0;) reversed.push_back(static_cast<std::int64_t>(d));
+      std::vector<std::size_t> perm;
+      for (std::int64_t d : ints_attr(node, "perm", reversed)) perm.push_back(axis(d, rank, where));
+      y = g_.permute(x, perm, name);
+    } else if (op == "Concat") {
+      std::vector<ValueId> parts;
+      for (int i = 0; i < node.input_size(); ++i) parts.push_back(in(i));
+      y = g_.concat(parts, axis(int_attr(node, "axis", 0), g_.info(parts.at(0)).shape.size(), where),
+                    name);
+    } else if (op == "Squeeze" || op == "Unsqueeze") {
+      const ValueId x = in(0);
+      Shape shape = g_.info(x).shape;
+      std::vector<std::int64_t> axes;
+      if (has(1)) axes = int_constant(node.input(1), where).ints;
+      if (op == "Unsqueeze") {
+        const std::size_t rank = shape.size() + axes.size();
+        std::vector<std::size_t> at;
+        for (std::int64_t a : axes) at.push_back(axis(a, rank, where));
+        std::sort(at.begin(), at.end());
+        for (std::size_t a : at) shape.insert(shape.begin() + static_cast<std::ptrdiff_t>(a), 1);
+      } else {
+        std::vector<bool> drop(shape.size(), axes.empty());
+        for (std::int64_t a : axes) drop[axis(a, shape.size(), where)] = true;
+        Shape kept;
+        for (std::size_t d = 0; d < shape.size(); ++d)
+          if (!drop[d] || shape[d] != 1) kept.push_back(shape[d]);
+          else if (!axes.empty() && shape[d] != 1)
+            throw std::invalid_argument(where + ": squeezes an axis that is not 1");
+        shape = kept;
+      }
+      y = g_.reshape(x, shape, name);
+    } else if (op == "ReduceMean" || op == "ReduceSum") {
+      const ValueId x = in(0);
+      const std::size_t rank = g_.info(x).shape.size();
+      std::vector<std::int64_t> given =
+          op == "ReduceMean" ? ints_attr(node, "axes", {})
+                             : (has(1) ? int_constant(node.input(1), where).ints
+                                       : std::vector<std::int64_t>{});
+      std::vector<std::size_t> axes;
+      for (std::int64_t a : given) axes.push_back(axis(a, rank, where));
+      if (axes.empty())
+        for (std::size_t d = 0; d < rank; ++d) axes.push_back(d);
+      const bool keep = int_attr(node, "keepdims", 1) != 0;
+      y = op == "ReduceMean" ? g_.reduce_mean(x, axes, keep, name)
+                             : g_.reduce_sum(x, axes, keep, 1.0, name);
+    } else if (op == "Split") {  // several outputs: each a slice along the axis
+      const ValueId x = in(0);
+      const Shape& shape = g_.info(x).shape;
+      const std::size_t a = axis(int_attr(node, "axis", 0), shape.size(), where);
+      std::vector<std::int64_t> sizes;
+      if (has(1)) sizes = int_constant(node.input(1), where).ints;
+      const auto parts = static_cast<std::size_t>(node.output_size());
+      if (sizes.empty()) {
+        if (parts == 0 || shape[a] % parts != 0)
+          throw std::invalid_argument(where + ": the axis does not split into equal parts");
+        sizes.assign(parts, static_cast<std::int64_t>(shape[a] / parts));
+      }
+      if (sizes.size() != parts)
+        throw std::invalid_argument(where + ": " + std::to_string(sizes.size()) + " sizes for " +
+                                    std::to_string(parts) + " outputs");
+      std::size_t at = 0;
+      for (std::size_t i = 0; i < parts; ++i) {
+        const std::size_t n = size(sizes[i], node, "a split size");
+        if (n == 0 || at + n > shape[a])
+          throw std::invalid_argument(where + ": the sizes do not split the axis");
+        values_[node.output(static_cast<int>(i))] =
+            g_.slice(x, a, at, at + n, name + "." + std::to_string(i));
+        at += n;
+      }
+      return;
+    } else if (op == "Slice") {
+      y = in(0);
+      const auto& starts = int_constant(node.input(1), where).ints;
+      const auto& ends = int_constant(node.input(2), where).ints;
+      const std::size_t rank = g_.info(y).shape.size();
+      std::vector<std::int64_t> axes;
+      if (has(3)) axes = int_constant(node.input(3), where).ints;
+      for (std::size_t i = axes.size(); i < starts.size(); ++i)
+        axes.push_back(static_cast<std::int64_t>(i));
+      if (has(4))
+        for (std::int64_t step : int_constant(node.input(4), where).ints)
+          if (step != 1) throw std::invalid_argument(where + ": Slice with steps of 1 is supported");
+      if (starts.size() != ends.size() || axes.size() != starts.size())
+        throw std::invalid_argument(where + ": starts, ends and axes differ in length");
+      for (std::size_t i = 0; i < starts.size(); ++i) {
+        const std::size_t a = axis(axes[i], rank, where);
+        const auto dim = static_cast<std::int64_t>(g_.info(y).shape[a]);
+        const auto clamp = [dim](std::int64_t v) {
+          return static_cast<std::size_t>(std::clamp<std::int64_t>(v < 0 ? v + dim : v, 0, dim));
+        };
+        const std::size_t b = clamp(starts[i]), e = std::max(clamp(starts[i]), clamp(ends[i]));
+        if (b == e) throw std::invalid_argument(where + ": an empty slice");
+        y = g_.slice(y, a, b, e, name + (i ? "." + std::to_string(i) : ""));
+      }
     } else {
       throw std::invalid_argument(where + ": operator " + op +
                                   " is not supported (supported: Conv, ConvTranspose, BatchNormalization, "
+                                  "Softmax, Transpose, Concat, Split, Squeeze, Unsqueeze, Slice, "
+                                  "ReduceMean, ReduceSum, Sqrt, Exp, Log, Neg, Abs, Reciprocal, "
+                                  "Pow, "
                                   "Relu, Sigmoid, Tanh, MaxPool, AveragePool, GlobalAveragePool, "
                                   "Flatten, Reshape, Gemm, MatMul, Add, Sub, Mul, Div, Identity, "
                                   "Dropout, Constant)");
     }
     values_[node.output(0)] = y;
+  }
+
+  // An ONNX axis (negative from the end) of a rank-`rank` value.
+  static std::size_t axis(std::int64_t a, std::size_t rank, const std::string& where) {
+    const std::int64_t r = static_cast<std::int64_t>(rank);
+    if (a < -r || a >= r)
+      throw std::invalid_argument(where + ": axis " + std::to_string(a) + " of a rank-" +
+                                  std::to_string(rank) + " value");
+    return static_cast<std::size_t>(a < 0 ? a + r : a);
+  }
+
+  // MatMul as NumPy's: [m, k] x [k, n]; [..., m, k] x [k, n] (a Linear layer on a sequence:
+  // the leading dimensions folded into m); [..., m, k] x [..., k, n] with the same leading ones.
+  ValueId matmul(ValueId a, ValueId b, const std::string& name, const std::string& where) {
+    const Shape sa = g_.info(a).shape, sb = g_.info(b).shape;
+    if (sa.size() == 2 && sb.size() == 2) return g_.matmul(a, b, false, false, name);
+    if (sa.size() > 2 && sb.size() == 2) {
+      const std::size_t k = sa.back(), m = g_.info(a).elements() / std::max<std::size_t>(k, 1);
+      Shape out(sa.begin(), sa.end() - 1);
+      out.push_back(sb[1]);
+      return g_.reshape(g_.matmul(g_.reshape(a, {m, k}, name + ".rows"), b, false, false, name),
+                        out, name + ".view");
+    }
+    if (sa.size() == sb.size() && sa.size() > 2) return g_.batch_matmul(a, b, false, false, name);
+    throw std::invalid_argument(where + ": MatMul of " + shape_str(sa) + " and " + shape_str(sb) +
+                                " is not supported (2-D, a sequence by a matrix, or batches of "
+                                "one rank)");
   }
 
   // A Conv's or ConvTranspose's strides, dilations, explicit pads and groups.

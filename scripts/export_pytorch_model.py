@@ -11,6 +11,8 @@ for --torchvision and --efficientnet-v2-blocks, python3-torchvision.
       --out effv2_blocks.onnx --fixture tests/models/onnx
   scripts/export_pytorch_model.py --upsampling --input-shape 1,16,16 --out upsampling.onnx \
       --fixture tests/models/onnx
+  scripts/export_pytorch_model.py --attention --input-shape 1,8,8 --out attention.onnx \
+      --fixture tests/models/onnx
 
 The model is exported as it trains on an IPU: BatchNormalization kept as its own node with its
 running statistics (not folded into the convolution), Dropout left out (inference form), a
@@ -81,7 +83,38 @@ class Upsampling(nn.Module):
         return self.head(self.up(self.down(x)))
 
 
+class Attention(nn.Module):
+    """A transformer encoder block on a sample's rows (of every channel) as tokens, as a ViT or TransCycleGAN's
+    transformer has it: layer norm, multi-head self-attention, a tanh-GELU MLP, residuals, then
+    the mean token beside the first one and a classifier head. Shapes are constants here (not
+    read from the tensors), so the export holds no shape arithmetic."""
+
+    def __init__(self, tokens=8, size=8, dim=16, heads=2, classes=10):
+        super().__init__()
+        self.tokens, self.size, self.dim, self.heads = tokens, size, dim, heads
+        self.embed = nn.Linear(size, dim)
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(approximate="tanh"),
+                                 nn.Linear(2 * dim, dim))
+        self.head = nn.Linear(2 * dim, classes)
+
+    def forward(self, x):
+        t, d, h = self.tokens, self.dim, self.heads
+        x = self.embed(x.reshape(-1, t, self.size))  # [n, tokens, dim]
+        q, k, v = self.qkv(self.norm1(x)).split(d, dim=-1)
+        q, k, v = (z.reshape(-1, t, h, d // h).transpose(1, 2) for z in (q, k, v))
+        a = torch.softmax(q @ k.transpose(-2, -1) / (d // h) ** 0.5, dim=-1) @ v
+        x = x + self.proj(a.transpose(1, 2).reshape(-1, t, d))
+        x = x + self.mlp(self.norm2(x))
+        pooled = torch.cat([x.mean(dim=1), x[:, 0:1].squeeze(1)], dim=-1)
+        return self.head(pooled)
+
+
 def build(args, shape):
+    if args.attention:
+        return Attention(shape[0] * shape[1], shape[2], classes=args.classes)
     if args.upsampling:
         return Upsampling(shape[0], shape[1], args.classes)
     if args.efficientnet_v2_blocks:
@@ -104,6 +137,9 @@ def main():
     which.add_argument("--efficientnet-v2-blocks", action="store_true",
                        help="a small network of EfficientNetV2-S's blocks (torchvision's); "
                        "--classes 1 for a regressor")
+    which.add_argument("--attention", action="store_true",
+                       help="a small transformer encoder block whose tokens are the "
+                       "sample's rows (of every channel)")
     which.add_argument("--upsampling", action="store_true",
                        help="a small down-and-up network with transposed convolutions")
     which.add_argument("--cnn-width", type=float, default=1.0,

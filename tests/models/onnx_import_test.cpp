@@ -171,6 +171,40 @@ TEST(OnnxImport, TransposedConvolutionsComputeWhatPyTorchComputedAndTrain) {
   EXPECT_LT(losses.back(), losses.front());
 }
 
+// A transformer encoder block as PyTorch 1.13 exports it at opset 13: Linear layers on a
+// sequence (MatMul by a matrix), LayerNorm decomposed (ReduceMean, Sub, Pow, Sqrt, Div),
+// multi-head attention (Split, Reshape, Transpose, batched MatMul, Softmax), a tanh GELU, and
+// Slice, Squeeze and Concat for the pooled tokens. Its layer norms' scales and shifts are
+// parameters although no Conv or Gemm reads them: every float initializer but a batch norm's
+// running statistics is.
+TEST(OnnxImport, ATransformerBlockComputesWhatPyTorchComputedAndTrains) {
+  const std::string file = std::string(IPUPOD_ONNX_DIR) + "/attention.onnx";
+  {
+    const Model m = import(file, false);
+    EXPECT_EQ(m.parameter_count(), 2698u);  // sum(p.numel()) in PyTorch, printed by the export
+    Interpreter run(m.graph);
+    Buffer x = Buffer::zeros(m.graph.info(m.input));
+    x.f = read_floats(std::string(IPUPOD_ONNX_DIR) + "/attention.input.f32");
+    ASSERT_EQ(x.f.size(), 2u * 8 * 8);
+    run.set(m.input, x);
+    run.set(m.labels, Buffer::zeros(m.graph.info(m.labels)));
+    run.run({Phase::forward});
+    const std::vector<float> expected =
+        read_floats(std::string(IPUPOD_ONNX_DIR) + "/attention.output.f32");
+    const std::vector<float>& got = run.get(m.logits).f;
+    ASSERT_EQ(got.size(), expected.size());
+    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], expected[i], 1e-5) << i;
+  }
+  ModelOptions o;
+  o.micro_batch = 2;
+  o.learning_rate = 0.01;
+  const Model m = build_model(file, o);
+  Buffer labels = Buffer::zeros(m.graph.info(m.labels));
+  labels.i = {1, 4};
+  const std::vector<float> losses = training_losses(m, "attention.input.f32", labels, 5);
+  EXPECT_LT(losses.back(), losses.front());
+}
+
 // A file written here with the ONNX library: one node of an operator not mapped.
 std::string write_model_with(const std::string& op, const std::vector<int>& dims,
                              const fs::path& dir) {
