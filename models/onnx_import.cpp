@@ -359,22 +359,22 @@ class Importer {
                                        : UnaryFn::abs;
       y = g_.unary(fn, in(0), name);
     } else if (op == "Reciprocal") {
-      y = g_.binary(BinaryFn::div, g_.constant(name + ".one", {DType::f32, {1}}, 1.0), in(0),
-                    name);
+      y = g_.binary(BinaryFn::div, g_.constant(name + ".one", {DType::f32, {1}}, 1.0), in(0), name);
     } else if (op == "Pow") {
       const auto e = constants_.find(node.input(1));
       if (e == constants_.end() || !e->second.is_float || e->second.floats.size() != 1 ||
           (e->second.floats[0] != 2 && e->second.floats[0] != 0.5f && e->second.floats[0] != 1 &&
            e->second.floats[0] != 3))
-        throw std::invalid_argument(where + ": Pow with a constant exponent 0.5, 1, 2 or 3 is "
-                                            "supported");
+        throw std::invalid_argument(where +
+                                    ": Pow with a constant exponent 0.5, 1, 2 or 3 is "
+                                    "supported");
       const float exponent = e->second.floats[0];
       const ValueId x = in(0);
       y = exponent == 1     ? x
           : exponent == 0.5 ? g_.unary(UnaryFn::sqrt, x, name)
-          : exponent == 2   ? g_.unary(UnaryFn::square, x, name)
-                            : g_.binary(BinaryFn::mul, g_.unary(UnaryFn::square, x, name + ".square"),
-                                        x, name);
+          : exponent == 2
+              ? g_.unary(UnaryFn::square, x, name)
+              : g_.binary(BinaryFn::mul, g_.unary(UnaryFn::square, x, name + ".square"), x, name);
     } else if (op == "Softmax") {
       const ValueId x = in(0);
       const std::size_t rank = g_.info(x).shape.size();
@@ -392,8 +392,8 @@ class Importer {
     } else if (op == "Concat") {
       std::vector<ValueId> parts;
       for (int i = 0; i < node.input_size(); ++i) parts.push_back(in(i));
-      y = g_.concat(parts, axis(int_attr(node, "axis", 0), g_.info(parts.at(0)).shape.size(), where),
-                    name);
+      y = g_.concat(
+          parts, axis(int_attr(node, "axis", 0), g_.info(parts.at(0)).shape.size(), where), name);
     } else if (op == "Squeeze" || op == "Unsqueeze") {
       const ValueId x = in(0);
       Shape shape = g_.info(x).shape;
@@ -410,7 +410,8 @@ class Importer {
         for (std::int64_t a : axes) drop[axis(a, shape.size(), where)] = true;
         Shape kept;
         for (std::size_t d = 0; d < shape.size(); ++d)
-          if (!drop[d] || shape[d] != 1) kept.push_back(shape[d]);
+          if (!drop[d] || shape[d] != 1)
+            kept.push_back(shape[d]);
           else if (!axes.empty() && shape[d] != 1)
             throw std::invalid_argument(where + ": squeezes an axis that is not 1");
         shape = kept;
@@ -420,9 +421,9 @@ class Importer {
       const ValueId x = in(0);
       const std::size_t rank = g_.info(x).shape.size();
       std::vector<std::int64_t> given =
-          op == "ReduceMean" ? ints_attr(node, "axes", {})
-                             : (has(1) ? int_constant(node.input(1), where).ints
-                                       : std::vector<std::int64_t>{});
+          op == "ReduceMean"
+              ? ints_attr(node, "axes", {})
+              : (has(1) ? int_constant(node.input(1), where).ints : std::vector<std::int64_t>{});
       std::vector<std::size_t> axes;
       for (std::int64_t a : given) axes.push_back(axis(a, rank, where));
       if (axes.empty())
@@ -466,7 +467,8 @@ class Importer {
         axes.push_back(static_cast<std::int64_t>(i));
       if (has(4))
         for (std::int64_t step : int_constant(node.input(4), where).ints)
-          if (step != 1) throw std::invalid_argument(where + ": Slice with steps of 1 is supported");
+          if (step != 1)
+            throw std::invalid_argument(where + ": Slice with steps of 1 is supported");
       if (starts.size() != ends.size() || axes.size() != starts.size())
         throw std::invalid_argument(where + ": starts, ends and axes differ in length");
       for (std::size_t i = 0; i < starts.size(); ++i) {
@@ -480,14 +482,15 @@ class Importer {
         y = g_.slice(y, a, b, e, name + (i ? "." + std::to_string(i) : ""));
       }
     } else {
-      throw std::invalid_argument(where + ": operator " + op +
-                                  " is not supported (supported: Conv, ConvTranspose, BatchNormalization, "
-                                  "Softmax, Transpose, Concat, Split, Squeeze, Unsqueeze, Slice, "
-                                  "ReduceMean, ReduceSum, Sqrt, Exp, Log, Neg, Abs, Reciprocal, "
-                                  "Pow, "
-                                  "Relu, Sigmoid, Tanh, MaxPool, AveragePool, GlobalAveragePool, "
-                                  "Flatten, Reshape, Gemm, MatMul, Add, Sub, Mul, Div, Identity, "
-                                  "Dropout, Constant)");
+      throw std::invalid_argument(
+          where + ": operator " + op +
+          " is not supported (supported: Conv, ConvTranspose, BatchNormalization, "
+          "Softmax, Transpose, Concat, Split, Squeeze, Unsqueeze, Slice, "
+          "ReduceMean, ReduceSum, Sqrt, Exp, Log, Neg, Abs, Reciprocal, "
+          "Pow, "
+          "Relu, Sigmoid, Tanh, MaxPool, AveragePool, GlobalAveragePool, "
+          "Flatten, Reshape, Gemm, MatMul, Add, Sub, Mul, Div, Identity, "
+          "Dropout, Constant)");
     }
     values_[node.output(0)] = y;
   }

@@ -253,8 +253,8 @@ SplitPlan split_at(Graph& g, const std::vector<std::string>& blocks, const Split
     if (u == table.size()) {
       const std::string& after = g.ops()[table.units[starts.back()]].name;
       throw std::invalid_argument(
-          "--split-at '" + block + "': no forward compute op after '" + after +
-          "' (where stage " + std::to_string(starts.size() - 1) +
+          "--split-at '" + block + "': no forward compute op after '" + after + "' (where stage " +
+          std::to_string(starts.size() - 1) +
           " begins) is in that block; give the blocks in graph order, each a module path as "
           "'ipupod info --model' lists the layers (e.g. 'layer3' or 'features.4')");
     }

@@ -32,7 +32,7 @@ struct StageEstimate {
 
 struct SplitPlan {
   std::vector<StageEstimate> stages;
-  bool fits = true;  // false: no split fits the estimated memory; the balanced one was taken
+  bool fits = true;    // false: no split fits the estimated memory; the balanced one was taken
   bool given = false;  // the user's (split_at), not searched for
 };
 

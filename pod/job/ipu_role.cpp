@@ -432,7 +432,8 @@ void IpuRole::send_reports_and_weights() {
     nlohmann::json shapes = nlohmann::json::array();
     for (const auto& [id, tensor] : compiled_.parameters) {
       const ipu::Shape& shape = tensor.shape();
-      shapes.push_back({{"id", id}, {"shape", std::vector<std::size_t>(shape.begin(), shape.end())}});
+      shapes.push_back(
+          {{"id", id}, {"shape", std::vector<std::size_t>(shape.begin(), shape.end())}});
     }
     report["parameter_shapes"] = std::move(shapes);
   }

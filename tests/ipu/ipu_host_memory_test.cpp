@@ -448,7 +448,6 @@ TEST(HostMemory, AReductionKeepsOneVertexPerTile) {
   }
 }
 
-
 // A MultiVertex whose worker slices' parameters step evenly (pieces one after another) keeps
 // slice 0's values and one step per slice parameter; one whose pieces do not keeps every
 // slice's values. The engine gives each slice its own values either way.

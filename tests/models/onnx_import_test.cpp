@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -53,6 +54,39 @@ Model import(const std::string& path, bool training, std::size_t micro_batch = 2
   o.micro_batch = micro_batch;
   o.training = training;
   return build_model(path, o);
+}
+
+// A fixture made by scripts/export_pytorch_model.py --fixture: FILE.onnx, FILE.input.f32 and
+// PyTorch's eval outputs FILE.output.f32. Its eval outputs here equal PyTorch's within 1e-5.
+void expect_pytorchs_outputs(const std::string& stem, std::size_t input_size) {
+  const Model m = import(std::string(IPUPOD_ONNX_DIR) + "/" + stem + ".onnx", false);
+  Interpreter run(m.graph);
+  Buffer x = Buffer::zeros(m.graph.info(m.input));
+  x.f = read_floats(std::string(IPUPOD_ONNX_DIR) + "/" + stem + ".input.f32");
+  ASSERT_EQ(x.f.size(), input_size);
+  run.set(m.input, x);
+  run.set(m.labels, Buffer::zeros(m.graph.info(m.labels)));
+  run.run({Phase::forward});
+  const std::vector<float> expected =
+      read_floats(std::string(IPUPOD_ONNX_DIR) + "/" + stem + ".output.f32");
+  const std::vector<float>& got = run.get(m.logits).f;
+  ASSERT_EQ(got.size(), expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], expected[i], 1e-5) << stem << ", output " << i;
+}
+
+// Five training steps of the fixture from its exported weights on its input lower the loss;
+// set_labels fills the labels (class indices or targets).
+void expect_training_lowers_the_loss(const std::string& stem,
+                                     const std::function<void(Buffer&)>& set_labels) {
+  ModelOptions o;
+  o.micro_batch = 2;
+  o.learning_rate = 0.01;
+  const Model m = build_model(std::string(IPUPOD_ONNX_DIR) + "/" + stem + ".onnx", o);
+  Buffer labels = Buffer::zeros(m.graph.info(m.labels));
+  set_labels(labels);
+  const std::vector<float> losses = training_losses(m, stem + ".input.f32", labels, 5);
+  EXPECT_LT(losses.back(), losses.front()) << stem;
 }
 
 TEST(OnnxImport, TheExportedCnnKeepsPyTorchsParametersAndNames) {
@@ -112,63 +146,20 @@ TEST(OnnxImport, AnEfficientNetV2RegressorIsARegressorWithPyTorchsParameters) {
 }
 
 TEST(OnnxImport, EfficientNetV2BlocksComputeWhatPyTorchComputedAndTrain) {
-  {
-    const Model m = import(kEffV2, false);
-    Interpreter run(m.graph);
-    Buffer x = Buffer::zeros(m.graph.info(m.input));
-    x.f = read_floats(std::string(IPUPOD_ONNX_DIR) + "/effv2_blocks.input.f32");
-    ASSERT_EQ(x.f.size(), 2u * 3 * 32 * 32);
-    run.set(m.input, x);
-    run.set(m.labels, Buffer::zeros(m.graph.info(m.labels)));
-    run.run({Phase::forward});
-    const std::vector<float> expected =
-        read_floats(std::string(IPUPOD_ONNX_DIR) + "/effv2_blocks.output.f32");
-    const std::vector<float>& got = run.get(m.logits).f;
-    ASSERT_EQ(got.size(), expected.size());
-    for (std::size_t i = 0; i < got.size(); ++i)
-      EXPECT_NEAR(got[i], expected[i], 1e-5) << "sample " << i;
-  }
-  ModelOptions o;
-  o.micro_batch = 2;
-  o.learning_rate = 0.01;
-  const Model m = build_model(kEffV2, o);
-  Buffer targets = Buffer::zeros(m.graph.info(m.labels));
-  targets.f = {0.25f, 0.75f};
-  const std::vector<float> losses = training_losses(m, "effv2_blocks.input.f32", targets, 5);
-  EXPECT_LT(losses.back(), losses.front());
+  expect_pytorchs_outputs("effv2_blocks", 2 * 3 * 32 * 32);
+  expect_training_lowers_the_loss("effv2_blocks", [](Buffer& b) { b.f = {0.25f, 0.75f}; });
 }
 
 // Transposed convolutions (strides 2, pads, output padding, bias, groups) as a generator's
 // decoder uses them, exported from PyTorch's ConvTranspose2d.
 TEST(OnnxImport, TransposedConvolutionsComputeWhatPyTorchComputedAndTrain) {
-  const std::string file = std::string(IPUPOD_ONNX_DIR) + "/upsampling.onnx";
-  {
-    const Model m = import(file, false);
-    EXPECT_EQ(m.parameter_count(), 12942u);  // sum(p.numel()) in PyTorch, printed by the export
-    std::size_t transposed = 0;
-    for (const Op& op : m.graph.ops()) transposed += op.kind == OpKind::conv_transpose2d;
-    EXPECT_EQ(transposed, 2u);
-    Interpreter run(m.graph);
-    Buffer x = Buffer::zeros(m.graph.info(m.input));
-    x.f = read_floats(std::string(IPUPOD_ONNX_DIR) + "/upsampling.input.f32");
-    ASSERT_EQ(x.f.size(), 2u * 16 * 16);
-    run.set(m.input, x);
-    run.set(m.labels, Buffer::zeros(m.graph.info(m.labels)));
-    run.run({Phase::forward});
-    const std::vector<float> expected =
-        read_floats(std::string(IPUPOD_ONNX_DIR) + "/upsampling.output.f32");
-    const std::vector<float>& got = run.get(m.logits).f;
-    ASSERT_EQ(got.size(), expected.size());
-    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], expected[i], 1e-5) << i;
-  }
-  ModelOptions o;
-  o.micro_batch = 2;
-  o.learning_rate = 0.01;
-  const Model m = build_model(file, o);
-  Buffer labels = Buffer::zeros(m.graph.info(m.labels));
-  labels.i = {3, 7};
-  const std::vector<float> losses = training_losses(m, "upsampling.input.f32", labels, 5);
-  EXPECT_LT(losses.back(), losses.front());
+  const Model m = import(std::string(IPUPOD_ONNX_DIR) + "/upsampling.onnx", false);
+  EXPECT_EQ(m.parameter_count(), 12942u);  // sum(p.numel()) in PyTorch, printed by the export
+  std::size_t transposed = 0;
+  for (const Op& op : m.graph.ops()) transposed += op.kind == OpKind::conv_transpose2d;
+  EXPECT_EQ(transposed, 2u);
+  expect_pytorchs_outputs("upsampling", 2 * 16 * 16);
+  expect_training_lowers_the_loss("upsampling", [](Buffer& b) { b.i = {3, 7}; });
 }
 
 // A transformer encoder block as PyTorch 1.13 exports it at opset 13: Linear layers on a
@@ -178,31 +169,10 @@ TEST(OnnxImport, TransposedConvolutionsComputeWhatPyTorchComputedAndTrain) {
 // parameters although no Conv or Gemm reads them: every float initializer but a batch norm's
 // running statistics is.
 TEST(OnnxImport, ATransformerBlockComputesWhatPyTorchComputedAndTrains) {
-  const std::string file = std::string(IPUPOD_ONNX_DIR) + "/attention.onnx";
-  {
-    const Model m = import(file, false);
-    EXPECT_EQ(m.parameter_count(), 2698u);  // sum(p.numel()) in PyTorch, printed by the export
-    Interpreter run(m.graph);
-    Buffer x = Buffer::zeros(m.graph.info(m.input));
-    x.f = read_floats(std::string(IPUPOD_ONNX_DIR) + "/attention.input.f32");
-    ASSERT_EQ(x.f.size(), 2u * 8 * 8);
-    run.set(m.input, x);
-    run.set(m.labels, Buffer::zeros(m.graph.info(m.labels)));
-    run.run({Phase::forward});
-    const std::vector<float> expected =
-        read_floats(std::string(IPUPOD_ONNX_DIR) + "/attention.output.f32");
-    const std::vector<float>& got = run.get(m.logits).f;
-    ASSERT_EQ(got.size(), expected.size());
-    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], expected[i], 1e-5) << i;
-  }
-  ModelOptions o;
-  o.micro_batch = 2;
-  o.learning_rate = 0.01;
-  const Model m = build_model(file, o);
-  Buffer labels = Buffer::zeros(m.graph.info(m.labels));
-  labels.i = {1, 4};
-  const std::vector<float> losses = training_losses(m, "attention.input.f32", labels, 5);
-  EXPECT_LT(losses.back(), losses.front());
+  const Model m = import(std::string(IPUPOD_ONNX_DIR) + "/attention.onnx", false);
+  EXPECT_EQ(m.parameter_count(), 2698u);  // sum(p.numel()) in PyTorch, printed by the export
+  expect_pytorchs_outputs("attention", 2 * 8 * 8);
+  expect_training_lowers_the_loss("attention", [](Buffer& b) { b.i = {1, 4}; });
 }
 
 // A file written here with the ONNX library: one node of an operator not mapped.

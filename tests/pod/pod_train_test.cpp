@@ -287,8 +287,7 @@ TEST_F(PodTrain, AnOnnxModelTrainsOnTheStagesItsSplitAtBlocksBegin) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("split at the --split-at blocks into 2 stages"), std::string::npos)
       << r.output;
-  EXPECT_NE(r.output.find("stage 1: /features/features.4/Conv .."), std::string::npos)
-      << r.output;
+  EXPECT_NE(r.output.find("stage 1: /features/features.4/Conv .."), std::string::npos) << r.output;
   std::ifstream in(run_dir / "summary.json");
   const auto summary = nlohmann::json::parse(in);
   EXPECT_EQ(summary.at("config").at("split_at"), nlohmann::json::array({"features.4"}));
