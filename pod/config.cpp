@@ -300,14 +300,17 @@ std::vector<std::string> resume_differences(const TrainConfig& c, const nlohmann
   const nlohmann::json now = config_json(c);
   // The record may hold anything (it is refused further on unless it is an object): its values
   // are referred to, never copied (a deeply nested one would overflow the stack).
-  static const nlohmann::json kAbsent, kWholeSplit = 0;
+  static const nlohmann::json kAbsent, kWholeSplit = 0, kNoBlocks = nlohmann::json::array();
   const bool object = saved.is_object();
   std::vector<std::string> differences;
   for (const char* key : kFixed) {
-    // Checkpoints from before the windowed shuffle shuffled whole splits (window 0).
-    const nlohmann::json& was = object && saved.contains(key)               ? saved.at(key)
-                                : std::string_view(key) == "shuffle_window" ? kWholeSplit
-                                                                            : kAbsent;
+    // Checkpoints from before the windowed shuffle shuffled whole splits (window 0); those from
+    // before --split-at named no blocks.
+    const std::string_view k = key;
+    const nlohmann::json& was = object && saved.contains(key) ? saved.at(key)
+                                : k == "shuffle_window"       ? kWholeSplit
+                                : k == "split_at"             ? kNoBlocks
+                                                              : kAbsent;
     if (was != now.at(key))
       differences.push_back(std::string(key) + ": checkpoint " +
                             (was.is_null() ? std::string("(absent)") : shown(was)) + ", this run " +

@@ -216,4 +216,21 @@ TEST(FuzzConfig, ResumeComparisonTakesAnyRecord) {
   });
 }
 
+// Settings added after checkpoints were first written hold their defaults in an older record:
+// it resumes a run that leaves them so, and not one that sets them.
+TEST(ResumeComparison, AnOlderRecordHoldsTheLaterSettingsDefaults) {
+  ipupod::pod::TrainConfig c;
+  c.data = "data.h5";
+  json older = ipupod::pod::config_json(c);
+  older.erase("split_at");
+  older.erase("shuffle_window");
+  EXPECT_TRUE(ipupod::pod::resume_differences(c, older).empty());
+  c.split_at = {"layer3"};
+  c.shuffle_window = 64;
+  const auto differences = ipupod::pod::resume_differences(c, older);
+  ASSERT_EQ(differences.size(), 2u);
+  EXPECT_EQ(differences[0], "split_at: checkpoint [], this run [\"layer3\"]");
+  EXPECT_EQ(differences[1], "shuffle_window: checkpoint 0, this run 64");
+}
+
 }  // namespace
