@@ -83,6 +83,15 @@ class Importer {
       throw std::invalid_argument("'" + path_ +
                                   "' is not an ONNX model (its protobuf does not parse); export "
                                   "one with torch.onnx.export (scripts/export_pytorch_model.py)");
+    // The operators are read as opsets 13 to 17 define them (axes as inputs of Squeeze,
+    // Unsqueeze, ReduceSum and Split; as an attribute of ReduceMean; Softmax on one axis).
+    for (const auto& set : model.opset_import())
+      if ((set.domain().empty() || set.domain() == "ai.onnx") &&
+          (set.version() < 13 || set.version() > 17))
+        throw std::invalid_argument("'" + path_ + "' uses ONNX opset " +
+                                    std::to_string(set.version()) +
+                                    "; opsets 13 to 17 are read: export with opset_version=13 "
+                                    "(scripts/export_pytorch_model.py does)");
     const onnx::GraphProto& graph = model.graph();
     for (const auto& t : graph.initializer())
       constants_.emplace(t.name(), read_tensor(t, "initializer"));
@@ -219,6 +228,10 @@ class Importer {
   void lower(const onnx::NodeProto& node) {
     const std::string& op = node.op_type();
     const std::string where = describe(node);
+    if (node.output_size() < 1) throw std::invalid_argument(where + ": a node without outputs");
+    if (const int needed = inputs_needed(op); node.input_size() < needed)
+      throw std::invalid_argument(where + ": " + std::to_string(node.input_size()) +
+                                  " inputs, the operator takes at least " + std::to_string(needed));
     const std::string name = node.name().empty() ? node.output(0) : node.name();
     const auto in = [&](int i) { return value(node.input(i), where); };
     const auto has = [&](int i) { return node.input_size() > i && !node.input(i).empty(); };
@@ -399,6 +412,8 @@ class Importer {
       Shape shape = g_.info(x).shape;
       std::vector<std::int64_t> axes;
       if (has(1)) axes = int_constant(node.input(1), where).ints;
+      if (op == "Unsqueeze" && axes.empty())
+        throw std::invalid_argument(where + ": Unsqueeze needs its axes (input 1)");
       if (op == "Unsqueeze") {
         const std::size_t rank = shape.size() + axes.size();
         std::vector<std::size_t> at;
@@ -409,11 +424,12 @@ class Importer {
         std::vector<bool> drop(shape.size(), axes.empty());
         for (std::int64_t a : axes) drop[axis(a, shape.size(), where)] = true;
         Shape kept;
-        for (std::size_t d = 0; d < shape.size(); ++d)
-          if (!drop[d] || shape[d] != 1)
-            kept.push_back(shape[d]);
-          else if (!axes.empty() && shape[d] != 1)
-            throw std::invalid_argument(where + ": squeezes an axis that is not 1");
+        for (std::size_t d = 0; d < shape.size(); ++d) {
+          if (drop[d] && shape[d] != 1 && !axes.empty())
+            throw std::invalid_argument(where + ": squeezes axis " + std::to_string(d) +
+                                        " of size " + std::to_string(shape[d]) + ", not 1");
+          if (!drop[d] || shape[d] != 1) kept.push_back(shape[d]);
+        }
         shape = kept;
       }
       y = g_.reshape(x, shape, name);
@@ -426,6 +442,13 @@ class Importer {
               : (has(1) ? int_constant(node.input(1), where).ints : std::vector<std::int64_t>{});
       std::vector<std::size_t> axes;
       for (std::int64_t a : given) axes.push_back(axis(a, rank, where));
+      std::sort(axes.begin(), axes.end());
+      if (std::adjacent_find(axes.begin(), axes.end()) != axes.end())
+        throw std::invalid_argument(where + ": an axis given twice");
+      if (axes.empty() && op == "ReduceSum" && int_attr(node, "noop_with_empty_axes", 0) != 0) {
+        values_[node.output(0)] = x;
+        return;
+      }
       if (axes.empty())
         for (std::size_t d = 0; d < rank; ++d) axes.push_back(d);
       const bool keep = int_attr(node, "keepdims", 1) != 0;
@@ -433,7 +456,7 @@ class Importer {
                              : g_.reduce_sum(x, axes, keep, 1.0, name);
     } else if (op == "Split") {  // several outputs: each a slice along the axis
       const ValueId x = in(0);
-      const Shape& shape = g_.info(x).shape;
+      const Shape shape = g_.info(x).shape;  // a copy: each slice adds a value to the graph
       const std::size_t a = axis(int_attr(node, "axis", 0), shape.size(), where);
       std::vector<std::int64_t> sizes;
       if (has(1)) sizes = int_constant(node.input(1), where).ints;
@@ -455,6 +478,7 @@ class Importer {
             g_.slice(x, a, at, at + n, name + "." + std::to_string(i));
         at += n;
       }
+      if (at != shape[a]) throw std::invalid_argument(where + ": the sizes do not split the axis");
       return;
     } else if (op == "Slice") {
       y = in(0);
@@ -493,6 +517,17 @@ class Importer {
           "Dropout, Constant)");
     }
     values_[node.output(0)] = y;
+  }
+
+  // The fewest inputs an operator takes (opset 13): its required ones.
+  static int inputs_needed(const std::string& op) {
+    if (op == "Constant") return 0;
+    if (op == "BatchNormalization") return 5;
+    if (op == "Slice") return 3;
+    if (op == "Conv" || op == "ConvTranspose" || op == "Gemm" || op == "MatMul" || op == "Add" ||
+        op == "Sub" || op == "Mul" || op == "Div" || op == "Pow" || op == "Reshape")
+      return 2;
+    return 1;
   }
 
   // An ONNX axis (negative from the end) of a rank-`rank` value.

@@ -258,6 +258,11 @@ SplitPlan split_at(Graph& g, const std::vector<std::string>& blocks, const Split
           " begins) is in that block; give the blocks in graph order, each a module path as "
           "'ipupod info --model' lists the layers (e.g. 'layer3' or 'features.4')");
     }
+    if (names_block(g.ops()[table.units[u - 1]].name, block))
+      throw std::invalid_argument("--split-at '" + block + "': the block begins before stage " +
+                                  std::to_string(starts.size()) +
+                                  " would (in an earlier stage): give each block once, in graph "
+                                  "order, each after the one before");
     starts.push_back(u);
   }
   assign_stages(g, table, starts);

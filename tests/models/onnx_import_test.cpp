@@ -10,8 +10,8 @@
 
 #include <cmath>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -175,12 +175,14 @@ TEST(OnnxImport, ATransformerBlockComputesWhatPyTorchComputedAndTrains) {
   expect_training_lowers_the_loss("attention", [](Buffer& b) { b.i = {1, 4}; });
 }
 
-// A file written here with the ONNX library: one node of an operator not mapped.
+// A file written here with the ONNX library: one node of operator `op` on input x of `dims`,
+// with an int64 initializer "axes" as its second input when `axes` is given.
 std::string write_model_with(const std::string& op, const std::vector<int>& dims,
-                             const fs::path& dir) {
+                             const fs::path& dir, int opset = 13,
+                             const std::vector<std::int64_t>& axes = {}) {
   onnx::ModelProto model;
   model.set_ir_version(7);
-  model.add_opset_import()->set_version(13);
+  model.add_opset_import()->set_version(opset);
   onnx::GraphProto* g = model.mutable_graph();
   onnx::ValueInfoProto* in = g->add_input();
   in->set_name("x");
@@ -191,9 +193,18 @@ std::string write_model_with(const std::string& op, const std::vector<int>& dims
   node->set_name("the_node");
   node->set_op_type(op);
   node->add_input("x");
+  if (!axes.empty()) {
+    onnx::TensorProto* t = g->add_initializer();
+    t->set_name("axes");
+    t->set_data_type(onnx::TensorProto::INT64);
+    t->add_dims(static_cast<std::int64_t>(axes.size()));
+    for (std::int64_t a : axes) t->add_int64_data(a);
+    node->add_input("axes");
+  }
   node->add_output("y");
   g->add_output()->set_name("y");
-  const std::string path = (dir / (op + std::to_string(dims.size()) + ".onnx")).string();
+  const std::string path =
+      (dir / (op + std::to_string(dims.size()) + "_" + std::to_string(opset) + ".onnx")).string();
   std::ofstream out(path, std::ios::binary);
   model.SerializeToOstream(&out);
   return path;
@@ -220,6 +231,29 @@ TEST(OnnxImport, AnUnsupportedOperatorNamesTheNodeTheOperatorAndItsInputs) {
     EXPECT_NE(std::string(e.what()).find("the output 'y' is [2,4,3]"), std::string::npos)
         << e.what();
   }
+  fs::remove_all(dir);
+}
+
+// Malformed or unreadable nodes are errors that say what is wrong, never a crash or a wrong
+// shape: an opset whose operators read otherwise, too few inputs, a squeezed axis that is not 1.
+TEST(OnnxImport, NodesThatCannotBeReadAsOpset13DefinesThemAreRefused) {
+  const fs::path dir = fs::temp_directory_path() / ("ipupod_onnx_bad_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const auto refused = [&](const std::string& path, const std::string& expected) {
+    try {
+      import(path, true);
+      ADD_FAILURE() << path << ": expected an error saying " << expected;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  };
+  refused(write_model_with("Relu", {2, 4}, dir, 11), "uses ONNX opset 11; opsets 13 to 17");
+  refused(write_model_with("Pow", {2, 4}, dir), "1 inputs, the operator takes at least 2");
+  refused(write_model_with("Squeeze", {2, 4}, dir, 13, {1}), "squeezes axis 1 of size 4, not 1");
+  refused(write_model_with("Unsqueeze", {2, 4}, dir), "Unsqueeze needs its axes");
+  // A squeeze of a size-1 axis, and one of every size-1 axis, are what ONNX defines.
+  EXPECT_EQ(import(write_model_with("Squeeze", {2, 1, 4}, dir, 13, {1}), true).graph.info(1).shape,
+            (Shape{2, 4}));
   fs::remove_all(dir);
 }
 

@@ -219,7 +219,7 @@ TEST(PipelineSplit, SplitsAtTheBlocksTheUserNames) {
       EXPECT_EQ(op.pipeline_stage, 1) << g.value(*op.output).name;
     }
   for (const std::vector<std::string>& bad :
-       {std::vector<std::string>{"fc6", "fc3"}, {"fc"}, {"flatten"}, {"nothing"}}) {
+       {std::vector<std::string>{"fc6", "fc3"}, {"fc3", "fc3"}, {"fc"}, {"flatten"}, {"nothing"}}) {
     Graph h = forward;
     EXPECT_THROW(split_at(h, bad, costs()), std::invalid_argument) << bad[0];
   }
