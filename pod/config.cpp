@@ -4,7 +4,9 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <sstream>
+#include <string_view>
 
 #include "fabric/topology.hpp"
 #include "ipu_process/arch.hpp"
@@ -300,16 +302,18 @@ std::vector<std::string> resume_differences(const TrainConfig& c, const nlohmann
   const nlohmann::json now = config_json(c);
   // The record may hold anything (it is refused further on unless it is an object): its values
   // are referred to, never copied (a deeply nested one would overflow the stack).
-  static const nlohmann::json kAbsent, kWholeSplit = 0, kNoBlocks = nlohmann::json::array();
+  // Settings added after checkpoints were first written, as an older record ran them:
+  // checkpoints from before the windowed shuffle shuffled whole splits (window 0), those from
+  // before --split-at named no blocks.
+  static const nlohmann::json kAbsent;
+  static const std::map<std::string_view, nlohmann::json> kLater = {
+      {"shuffle_window", 0}, {"split_at", nlohmann::json::array()}};
   const bool object = saved.is_object();
   std::vector<std::string> differences;
   for (const char* key : kFixed) {
-    // Checkpoints from before the windowed shuffle shuffled whole splits (window 0); those from
-    // before --split-at named no blocks.
-    const std::string_view k = key;
+    const auto later = kLater.find(key);
     const nlohmann::json& was = object && saved.contains(key) ? saved.at(key)
-                                : k == "shuffle_window"       ? kWholeSplit
-                                : k == "split_at"             ? kNoBlocks
+                                : later != kLater.end()       ? later->second
                                                               : kAbsent;
     if (was != now.at(key))
       differences.push_back(std::string(key) + ": checkpoint " +

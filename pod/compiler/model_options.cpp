@@ -39,9 +39,13 @@ models::ModelOptions model_options(const TrainConfig& config, const DataShape& d
   return options;
 }
 
+bool split_by_marks(const TrainConfig& c) {
+  return c.split == "model" && c.split_at.empty();
+}
+
 void use_automatic_split(const TrainConfig& c, models::ModelOptions& training,
                          models::SplitPlan* plan) {
-  if ((c.split != "auto" && c.split_at.empty()) || c.stages < 2) return;
+  if (split_by_marks(c) || c.stages < 2) return;
   const ipu::ArchPreset& arch = ipu::ArchPreset::get(c.arch);
   const fabric::Topology topology = fabric::Topology::preset(c.topology);
   models::SplitCosts costs;
@@ -64,7 +68,7 @@ void use_automatic_split(const TrainConfig& c, models::ModelOptions& training,
 
 void follow_automatic_split(const TrainConfig& c, const models::Model& trained,
                             models::ModelOptions& eval) {
-  if ((c.split != "auto" && c.split_at.empty()) || c.stages < 2) return;
+  if (split_by_marks(c) || c.stages < 2) return;
   eval.assign_stages = [stages = models::variable_stages(trained.graph)](models::Graph& g) {
     models::follow_split(g, stages);
   };

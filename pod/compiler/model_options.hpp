@@ -24,9 +24,12 @@ struct DataShape {
 // its task and output shapes), on every IPU, and in `ipupod compile`.
 models::ModelOptions model_options(const TrainConfig& config, const DataShape& data, bool training);
 
-// Sets the stage hooks of --split auto (nothing for --split model): the training model is split
-// for the architecture's rates and memory and the topology's links (its plan written to *plan),
-// and the evaluation model, built after it, puts each parameter and state on the same stage.
+// Whether the stages are the model's split marks: not --split auto, not --split-at.
+bool split_by_marks(const TrainConfig& config);
+// Sets the stage hooks of --split auto or --split-at (nothing when split_by_marks): the training
+// model is split for the architecture's rates and memory and the topology's links, or at the
+// given blocks (its plan written to *plan), and the evaluation model, built after it, puts each
+// parameter and state on the same stage.
 void use_automatic_split(const TrainConfig& config, models::ModelOptions& training,
                          models::SplitPlan* plan);
 void follow_automatic_split(const TrainConfig& config, const models::Model& trained,

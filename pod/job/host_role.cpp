@@ -231,7 +231,7 @@ void HostRole::open_data() {
   if (!c_.split_at.empty()) use_automatic_split(c_, options, nullptr);
   const models::Model model = models::build_model(c_.model, options);
   // More stages than the model's split marks make fails here, once, not on every IPU.
-  if (c_.split == "model" && c_.split_at.empty()) check_stage_count(c_, model);
+  if (split_by_marks(c_)) check_stage_count(c_, model);
   check_input_shape(train_->file(), model);
   if (model.task == models::Task::classification) {
     std::vector<std::string> warnings;

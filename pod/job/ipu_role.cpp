@@ -455,10 +455,15 @@ void IpuRole::send_reports_and_weights() {
   report["parameter_tensors"] = tensors;
   if (!later.empty()) report["later_stages"] = std::move(later);
   client_->send({kReportFrames, step_, text_array(report.dump())});
+  const auto send_weight = [&](std::uint64_t id, const std::vector<std::size_t>& shape,
+                               const std::vector<float>& values) {
+    client_->send(
+        {kWeightFrames, id, array_of(host::DType::f32, shape, std::as_bytes(std::span(values)))});
+  };
   for (const auto& [id, tensor] : compiled_.parameters) {
-    const std::vector<float> values = engine_->read_values(tensor);
-    client_->send({kWeightFrames, static_cast<std::uint64_t>(id),
-                   array_of(host::DType::f32, tensor.shape(), std::as_bytes(std::span(values)))});
+    const ipu::Shape& shape = tensor.shape();
+    send_weight(static_cast<std::uint64_t>(id), {shape.begin(), shape.end()},
+                engine_->read_values(tensor));
   }
   for (std::size_t s = 0; s < later_shapes.size(); ++s)
     for (const nlohmann::json& p : later_shapes[s]) {
@@ -467,8 +472,7 @@ void IpuRole::send_reports_and_weights() {
       for (std::size_t d : shape) elements *= d;
       std::vector<float> values(elements);
       relay_.receive_from(static_cast<int>(s + 1), std::as_writable_bytes(std::span(values)));
-      client_->send({kWeightFrames, p.at("id").get<std::uint64_t>(),
-                     array_of(host::DType::f32, shape, std::as_bytes(std::span(values)))});
+      send_weight(p.at("id").get<std::uint64_t>(), shape, values);
     }
 }
 
