@@ -32,6 +32,11 @@ struct ConvPlan {
   std::size_t tile_bytes = 0;  // the planner's estimate for the busiest tile
   std::uint64_t estimated_cycles = 0;
   bool fits = true;  // tile_bytes within the available memory proportion
+  // The blocks are not runs of the output (say 11 channels x 1 row of NCHW: 11 runs per
+  // sample): the vertices write a piece per tile, and one exchange moves the pieces onto an
+  // even mapping of whole rows over the same tiles, so that the ops after the convolution see
+  // one run per tile instead of one per channel row.
+  bool remap = false;
   std::size_t tiles() const { return batch_blocks * channel_blocks * row_blocks; }
 };
 

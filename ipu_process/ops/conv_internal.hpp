@@ -54,10 +54,21 @@ inline std::size_t ceil_div(std::size_t a, std::size_t b) {
   return (a + b - 1) / b;
 }
 
+// Whether a block of bn samples x bc channels x br rows of an [n, channels, rows, width]
+// tensor is one run of its elements (NCHW): a block that cuts the rows must be of one channel
+// of one sample, and one that cuts the channels of one sample.
+inline bool block_is_one_run(std::size_t bn, std::size_t bc, std::size_t br, std::size_t channels,
+                             std::size_t rows) {
+  return (br >= rows || (bc == 1 && bn == 1)) && (bc >= channels || bn == 1);
+}
+
 // Everything about one convolution in the forward direction's terms (x -> y).
 struct Dims {
   std::size_t n, ci, h, w, co, kh, kw, oh, ow, groups, cig, cog, taps;
   ConvParams p;
+  // The operands' type and the partials', for the planner's cycles (as the vertices cost them).
+  DType dtype = DType::f32;
+  bool half_partials = false;
   ConvGeometry geometry(bool half_partials) const {
     return {h,         w,          oh,         ow,           kh,
             kw,        p.stride_h, p.stride_w, p.dilation_h, p.dilation_w,

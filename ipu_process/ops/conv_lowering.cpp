@@ -36,23 +36,59 @@ void expect_same_type(const Tensor& a, const Tensor& b, const std::string& name)
 }
 
 // Adds the copies of channels [c0, c1), rows [r0, r1) of batch element b of src (NCHW) into
-// dst's local block [channels, rows, width]: one pair when the rows are whole planes (the
-// channels are then contiguous in both), else one per channel.
+// dst's local block [channels, rows, width] (or, with `back`, from the block into src): one
+// pair when the rows are whole planes (the channels are then contiguous in both), else one per
+// channel.
 void add_plane_copies(CopyRuns& copies, const Tensor& src, std::size_t b, std::size_t c0,
-                      std::size_t c1, std::size_t r0, std::size_t r1, const Tensor& dst_block) {
+                      std::size_t c1, std::size_t r0, std::size_t r1, const Tensor& dst_block,
+                      bool back = false) {
+  const auto add = [&](const Tensor& from, const Tensor& to) {
+    back ? copies.add(to, from) : copies.add(from, to);
+  };
   const std::size_t channels = src.dim(1), height = src.dim(2), width = src.dim(3);
   const Tensor s = src.flatten(), d = dst_block.flatten();
   const std::size_t plane = height * width, first = (b * channels + c0) * plane;
   if (r0 == 0 && r1 == height) {
-    copies.add(s.slice(first, first + (c1 - c0) * plane), d);
+    add(s.slice(first, first + (c1 - c0) * plane), d);
     return;
   }
   // Taken many times over while lowering a full-size model: flat slices, not nested views.
   const std::size_t n = (r1 - r0) * width, dst_plane = d.elements() / dst_block.dim(0);
   for (std::size_t ch = c0; ch < c1; ++ch) {
     const std::size_t from = first + (ch - c0) * plane + r0 * width, to = (ch - c0) * dst_plane;
-    copies.add(s.slice(from, from + n), d.slice(to, to + dst_plane));
+    add(s.slice(from, from + n), d.slice(to, to + dst_plane));
   }
+}
+
+// Maps a pass's output y [n, channels, rows, width]: block by block on the tile that computes
+// it (tile_of(batch block, channel block, row block)), or, when the plan remaps, in even runs
+// of whole rows over the plan's tiles from `first`.
+template <class TileOf>
+void map_output(Graph& graph, const Tensor& y, const ConvPlan& plan, unsigned first,
+                TileOf&& tile_of) {
+  const std::size_t n = y.dim(0), channels = y.dim(1), rows = y.dim(2), width = y.dim(3);
+  if (!plan.remap) {
+    for (std::size_t b = 0; b < n; ++b)
+      for (std::size_t c = 0; c < channels; ++c)
+        for (std::size_t rb = 0; rb < plan.row_blocks; ++rb) {
+          const std::size_t r0 = rb * plan.row_block, r1 = std::min(rows, r0 + plan.row_block);
+          graph.set_tile_mapping(y.row(b).row(c).rows(r0, r1),
+                                 tile_of(b / plan.batch_block, c / plan.channel_block, rb));
+        }
+    return;
+  }
+  const std::size_t all_rows = n * channels * rows, per = ceil_div(all_rows, plan.tiles());
+  const Tensor flat = y.flatten();
+  for (std::size_t k = 0; k * per < all_rows; ++k)
+    graph.set_tile_mapping(flat.slice(k * per * width, std::min(all_rows, (k + 1) * per) * width),
+                           static_cast<unsigned>((first + k) % graph.tiles()));
+}
+
+// d with the operands' type and the graph's partials type, which the planner's cycles need.
+Dims typed(Dims d, const Graph& graph, DType dtype) {
+  d.dtype = dtype;
+  d.half_partials = graph.half_partials();
+  return d;
 }
 
 // Tiles of one op start at a place that depends on its name, so that layers spread their
@@ -85,7 +121,7 @@ Tensor conv2d(Graph& graph, Program& prog, const Tensor& x, const Tensor& w,
   expect_f32(x, name, "input");
   expect_f32(w, name, "weight");
   expect_same_type(x, w, name);
-  const Dims d = make_dims(x.shape(), w.shape(), params, name);
+  const Dims d = typed(make_dims(x.shape(), w.shape(), params, name), graph, x.dtype());
   const ConvPlan plan = plan_forward(graph.arch(), graph.available_memory_proportion(), d);
   const unsigned first = first_tile(graph, name);
   const auto tile_of = [&](std::size_t bb, std::size_t cb, std::size_t rb) {
@@ -93,14 +129,9 @@ Tensor conv2d(Graph& graph, Program& prog, const Tensor& x, const Tensor& w,
                                  graph.tiles());
   };
   Tensor y = graph.add_variable(x.dtype(), {d.n, d.co, d.oh, d.ow}, name);
-  for (std::size_t b = 0; b < d.n; ++b)
-    for (std::size_t o = 0; o < d.co; ++o)
-      for (std::size_t rb = 0; rb < plan.row_blocks; ++rb) {
-        const std::size_t r0 = rb * plan.row_block, r1 = std::min(d.oh, r0 + plan.row_block);
-        graph.set_tile_mapping(y.row(b).row(o).rows(r0, r1),
-                               tile_of(b / plan.batch_block, o / plan.channel_block, rb));
-      }
-  CopyRuns copies;
+  map_output(graph, y, plan, first, tile_of);
+  CopyRuns copies, outputs;
+  TilePieces y_pieces(graph, x.dtype(), name + "/out");
   const ComputeSetId cs = graph.add_compute_set(name);
   const ConvGeometry geo = d.geometry(graph.half_partials());
   TilePieces x_pieces(graph, x.dtype(), name + "/x"), w_pieces(graph, w.dtype(), name + "/w");
@@ -120,6 +151,12 @@ Tensor conv2d(Graph& graph, Program& prog, const Tensor& x, const Tensor& w,
         for (std::size_t b = b0; b < b1; ++b)
           add_plane_copies(copies, x, b, c0, c1, ir0, ir1, xl.row(b - b0));
         copies.add(w.rows(o0, o1).flatten(), wl.flatten());
+        Tensor yl;  // the block's piece when the plan remaps
+        if (plan.remap) {
+          yl = y_pieces.add(tile, {b1 - b0, o1 - o0, r1 - r0, d.ow});
+          for (std::size_t b = b0; b < b1; ++b)
+            add_plane_copies(outputs, y, b, o0, o1, r0, r1, yl.row(b - b0), true);
+        }
         const std::size_t ob = o1 - o0;
         for_each_work_split(
             (b1 - b0) * ob, r1 - r0, graph.arch().workers_per_tile,
@@ -131,7 +168,9 @@ Tensor conv2d(Graph& graph, Program& prog, const Tensor& x, const Tensor& w,
                 v.params.push_back(p);
               for (std::size_t i = i0; i < i1; ++i) {
                 const std::size_t b = b0 + i / ob, o = o0 + i % ob;
-                v.fields[2].push_back(y.row(b).row(o).rows(r0 + q0, r0 + q1).flatten());
+                v.fields[2].push_back((plan.remap ? yl.row(b - b0).row(o - o0).rows(q0, q1)
+                                                  : y.row(b).row(o).rows(r0 + q0, r0 + q1))
+                                          .flatten());
                 v.params.push_back(double(b - b0));
                 v.params.push_back(double((o - o0) * d.cig * d.taps));
                 v.params.push_back(double(o / d.cog * d.cig - c0));
@@ -141,6 +180,7 @@ Tensor conv2d(Graph& graph, Program& prog, const Tensor& x, const Tensor& w,
       }
   prog.add(Program::copy(std::move(copies)));
   prog.add(Program::execute(cs));
+  if (plan.remap) prog.add(Program::copy(std::move(outputs)));
   return y;
 }
 
@@ -151,21 +191,17 @@ namespace {
 Tensor grad_input(Graph& graph, Program& prog, const Tensor& dy, const Tensor& w, const Dims& d,
                   const std::string& name) {
   const std::vector<std::size_t> input_shape = {d.n, d.ci, d.h, d.w};
-  const ConvPlan plan = plan_grad_input(graph.arch(), graph.available_memory_proportion(), d);
+  const ConvPlan plan = plan_grad_input(graph.arch(), graph.available_memory_proportion(),
+                                        typed(d, graph, dy.dtype()));
   const unsigned first = first_tile(graph, name);
   const auto tile_of = [&](std::size_t bb, std::size_t cb, std::size_t rb) {
     return static_cast<unsigned>((first + (bb * plan.channel_blocks + cb) * plan.row_blocks + rb) %
                                  graph.tiles());
   };
   Tensor dx = graph.add_variable(dy.dtype(), input_shape, name);
-  for (std::size_t b = 0; b < d.n; ++b)
-    for (std::size_t c = 0; c < d.ci; ++c)
-      for (std::size_t rb = 0; rb < plan.row_blocks; ++rb) {
-        const std::size_t r0 = rb * plan.row_block, r1 = std::min(d.h, r0 + plan.row_block);
-        graph.set_tile_mapping(dx.row(b).row(c).rows(r0, r1),
-                               tile_of(b / plan.batch_block, c / plan.channel_block, rb));
-      }
-  CopyRuns copies;
+  map_output(graph, dx, plan, first, tile_of);
+  CopyRuns copies, outputs;
+  TilePieces dx_pieces(graph, dy.dtype(), name + "/out");
   const ComputeSetId cs = graph.add_compute_set(name);
   const ConvGeometry geo = d.geometry(graph.half_partials());
   TilePieces dy_pieces(graph, dy.dtype(), name + "/dy"), w_pieces(graph, w.dtype(), name + "/w");
@@ -206,6 +242,12 @@ Tensor grad_input(Graph& graph, Program& prog, const Tensor& dy, const Tensor& w
             copies.add(w.row(gr * d.cog + o).rows(l0, l1).flatten(), wl.slice(at_w, at_w + len));
           }
         }
+        Tensor dxl;  // the block's piece when the plan remaps
+        if (plan.remap) {
+          dxl = dx_pieces.add(tile, {b1 - b0, c1 - c0, r1 - r0, d.w});
+          for (std::size_t b = b0; b < b1; ++b)
+            add_plane_copies(outputs, dx, b, c0, c1, r0, r1, dxl.row(b - b0), true);
+        }
         const std::size_t cb_size = c1 - c0;
         for_each_work_split(
             (b1 - b0) * cb_size, r1 - r0, graph.arch().workers_per_tile,
@@ -220,7 +262,9 @@ Tensor grad_input(Graph& graph, Program& prog, const Tensor& dy, const Tensor& w
                 const std::size_t gr = c / d.cig;
                 const std::size_t l0 = std::max(c0, gr * d.cig) - gr * d.cig,
                                   l1 = std::min(c1, (gr + 1) * d.cig) - gr * d.cig;
-                v.fields[2].push_back(dx.row(b).row(c).rows(r0 + s0, r0 + s1).flatten());
+                v.fields[2].push_back((plan.remap ? dxl.row(b - b0).row(c - c0).rows(s0, s1)
+                                                  : dx.row(b).row(c).rows(r0 + s0, r0 + s1))
+                                          .flatten());
                 v.params.push_back(double(b - b0));
                 v.params.push_back(double(gr * d.cog - q0));
                 v.params.push_back(double(group_offset[gr - g0] + (c - gr * d.cig - l0) * d.taps));
@@ -231,6 +275,7 @@ Tensor grad_input(Graph& graph, Program& prog, const Tensor& dy, const Tensor& w
       }
   prog.add(Program::copy(std::move(copies)));
   prog.add(Program::execute(cs));
+  if (plan.remap) prog.add(Program::copy(std::move(outputs)));
   return dx;
 }
 
@@ -261,7 +306,8 @@ Tensor conv2d_grad_weight(Graph& graph, Program& prog, const Tensor& dy, const T
   expect(dy.shape() == dy_shape, name,
          "output gradient must be " + shape_str(dy_shape) + " for input " + shape_str(x.shape()) +
              " and weight " + shape_str(weight_shape) + ", got " + shape_str(dy.shape()));
-  const ConvPlan plan = plan_grad_weight(graph.arch(), graph.available_memory_proportion(), d);
+  const ConvPlan plan = plan_grad_weight(graph.arch(), graph.available_memory_proportion(),
+                                         typed(d, graph, x.dtype()));
   const std::size_t parts = plan.batch_blocks * plan.row_blocks;
   const unsigned first = first_tile(graph, name);
   // Tile of output-channel block cb and reduction part p (batch block x row block).

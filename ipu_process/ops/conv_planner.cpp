@@ -72,14 +72,22 @@ std::vector<std::size_t> block_sizes(std::size_t n) {
 
 struct Estimate {
   double bytes, cycles;
+  double out = 0;  // the block's output bytes (moved onto the output's own mapping if remapped)
 };
+
+double exchange_cycles(const ArchPreset& arch, double bytes) {
+  return static_cast<double>(arch.exchange_latency_cycles) +
+         bytes / arch.exchange_bytes_per_cycle_per_tile;
+}
 
 // Tries every batch x channel x row blocking that fits the IPU's tiles and keeps the fastest
 // whose busiest tile stays within the available memory proportion (or, if none does, the
-// smallest, which the engine will then report as out of memory).
+// smallest, which the engine will then report as out of memory). With `output_blocks`, the
+// blocks are of the pass's output: a blocking whose blocks are not runs of it also pays for
+// the output's move onto its own mapping (see ConvPlan::remap).
 template <class F>
 ConvPlan search_plan(const ArchPreset& arch, double proportion, std::size_t batch,
-                     std::size_t channels, std::size_t rows, F&& estimate) {
+                     std::size_t channels, std::size_t rows, bool output_blocks, F&& estimate) {
   const double budget = proportion * static_cast<double>(arch.bytes_per_tile);
   ConvPlan best;
   double best_cycles = std::numeric_limits<double>::infinity();
@@ -94,7 +102,12 @@ ConvPlan search_plan(const ArchPreset& arch, double proportion, std::size_t batc
       for (std::size_t br : block_sizes(rows)) {
         const std::size_t nrb = ceil_div(rows, br);
         if (nbb * ncb * nrb > arch.tiles) continue;
-        const Estimate e = estimate(bn, bc, br, nbb * nrb);
+        Estimate e = estimate(bn, bc, br, nbb * nrb);
+        const bool remap = output_blocks && !block_is_one_run(bn, bc, br, channels, rows);
+        if (remap) {
+          e.bytes += e.out;
+          e.cycles += exchange_cycles(arch, e.out);
+        }
         const bool fits = e.bytes <= budget, best_fits = best_bytes <= budget;
         const bool better = !have || (fits && !best_fits) ||
                             (fits && best_fits &&
@@ -111,7 +124,8 @@ ConvPlan search_plan(const ArchPreset& arch, double proportion, std::size_t batc
                 nrb,
                 static_cast<std::size_t>(e.bytes),
                 static_cast<std::uint64_t>(e.cycles),
-                fits};
+                fits,
+                remap};
         best_cycles = e.cycles;
         best_bytes = e.bytes;
       }
@@ -120,57 +134,80 @@ ConvPlan search_plan(const ArchPreset& arch, double proportion, std::size_t batc
   return best;
 }
 
-double exchange_cycles(const ArchPreset& arch, double bytes) {
-  return static_cast<double>(arch.exchange_latency_cycles) +
-         bytes / arch.exchange_bytes_per_cycle_per_tile;
-}
-
-double compute_cycles(const ArchPreset& arch, double macs) {
-  return static_cast<double>(arch.vertex_overhead_cycles) +
-         2.0 * macs / arch.fp32_flops_per_cycle_per_tile;
+// The busiest worker's cycles for a tile's block of `items` planes x `rows` rows, `row_macs`
+// multiply-accumulates per plane row: the vertices for_each_work_split makes, each costed as
+// the engine costs it (mac_cycles) and given to the least-loaded worker, as the engine does.
+double block_compute_cycles(const ArchPreset& arch, const Dims& d, std::size_t items,
+                            std::size_t rows, double row_macs, const AmpShape& shape) {
+  std::vector<std::uint64_t> loads(arch.workers_per_tile, 0);
+  for_each_work_split(items, rows, arch.workers_per_tile,
+                      [&](std::size_t i0, std::size_t i1, std::size_t q0, std::size_t q1) {
+                        const double macs = static_cast<double>((i1 - i0) * (q1 - q0)) * row_macs;
+                        *std::min_element(loads.begin(), loads.end()) +=
+                            mac_cycles(arch, macs, d.dtype, shape);
+                      });
+  return static_cast<double>(*std::max_element(loads.begin(), loads.end()));
 }
 
 }  // namespace
 
 ConvPlan plan_forward(const ArchPreset& arch, double proportion, const Dims& d) {
   return search_plan(
-      arch, proportion, d.n, d.co, d.oh, [&](double bn, std::size_t bc, std::size_t br, auto) {
+      arch, proportion, d.n, d.co, d.oh, true,
+      [&](double bn, std::size_t bc, std::size_t br, auto) {
         const double hr = static_cast<double>(
             std::min(d.h, (br - 1) * d.p.stride_h + (d.kh - 1) * d.p.dilation_h + 1));
         const double in = 4.0 * bn * static_cast<double>(d.input_channels_bound(bc)) * hr * d.w;
         const double wt = 4.0 * static_cast<double>(bc * d.cig * d.taps);
         const double out = 4.0 * bn * static_cast<double>(bc * br * d.ow);
-        const double macs = bn * static_cast<double>(bc * br * d.ow * d.cig * d.taps);
-        return Estimate{in + wt + out, compute_cycles(arch, macs) + exchange_cycles(arch, in + wt)};
+        const double compute =
+            block_compute_cycles(arch, d, static_cast<std::size_t>(bn) * bc, br,
+                                 static_cast<double>(d.ow * d.cig * d.taps),
+                                 {double(d.cig), double(d.cog), d.half_partials});
+        return Estimate{in + wt + out, compute + exchange_cycles(arch, in + wt), out};
       });
 }
 
 ConvPlan plan_grad_input(const ArchPreset& arch, double proportion, const Dims& d) {
   return search_plan(
-      arch, proportion, d.n, d.ci, d.h, [&](double bn, std::size_t bc, std::size_t br, auto) {
+      arch, proportion, d.n, d.ci, d.h, true, [&](double bn, std::size_t bc, std::size_t br, auto) {
         const double oyr = static_cast<double>(
             std::min(d.oh, (br + (d.kh - 1) * d.p.dilation_h) / d.p.stride_h + 1));
         const double in = 4.0 * bn * static_cast<double>(d.output_channels_bound(bc)) * oyr * d.ow;
         const double wt = 4.0 * static_cast<double>(bc * d.cog * d.taps);
         const double out = 4.0 * bn * static_cast<double>(bc * br * d.w);
-        const double macs = bn * static_cast<double>(bc * br * d.w * d.cog * d.taps) /
-                            static_cast<double>(d.p.stride_h * d.p.stride_w);
-        return Estimate{in + wt + out, compute_cycles(arch, macs) + exchange_cycles(arch, in + wt)};
+        const double compute =
+            block_compute_cycles(arch, d, static_cast<std::size_t>(bn) * bc, br,
+                                 static_cast<double>(d.w * d.cog * d.taps) /
+                                     static_cast<double>(d.p.stride_h * d.p.stride_w),
+                                 {double(d.cog), double(d.cig), d.half_partials});
+        return Estimate{in + wt + out, compute + exchange_cycles(arch, in + wt), out};
       });
 }
 
 // Blocks over output channels; batch and output rows are the reduction, split into parts.
 ConvPlan plan_grad_weight(const ArchPreset& arch, double proportion, const Dims& d) {
+  const std::size_t workers = arch.workers_per_tile;
   return search_plan(
-      arch, proportion, d.n, d.co, d.oh,
+      arch, proportion, d.n, d.co, d.oh, false,
       [&](double bn, std::size_t bc, std::size_t br, std::size_t parts) {
         const double hr = static_cast<double>(
             std::min(d.h, (br - 1) * d.p.stride_h + (d.kh - 1) * d.p.dilation_h + 1));
         const double in = 4.0 * bn * static_cast<double>(d.input_channels_bound(bc)) * hr * d.w;
         const double dy = 4.0 * bn * static_cast<double>(bc * br * d.ow);
         const double partial = 4.0 * static_cast<double>(bc * d.cig * d.taps);
-        const double macs = bn * static_cast<double>(bc * br * d.ow * d.cig * d.taps);
-        double cycles = compute_cycles(arch, macs) + exchange_cycles(arch, in + dy);
+        // (output channel, input channel) pairs shared out between the workers, as the
+        // lowering does, each summing over the block's samples and rows.
+        const std::size_t items = bc * d.cig, per = ceil_div(items, std::min(items, workers));
+        std::vector<std::uint64_t> loads(workers, 0);
+        for (std::size_t t0 = 0; t0 < items; t0 += per)
+          *std::min_element(loads.begin(), loads.end()) +=
+              mac_cycles(arch,
+                         static_cast<double>(std::min(items, t0 + per) - t0) * d.taps * bn *
+                             static_cast<double>(br * d.ow),
+                         d.dtype, {0, double(d.cog), d.half_partials});
+        double cycles = static_cast<double>(*std::max_element(loads.begin(), loads.end())) +
+                        exchange_cycles(arch, in + dy);
         double bytes = in + dy + partial;
         if (parts > 1) {  // gather the other parts' slices, sum them
           const double gathered = partial * static_cast<double>(parts - 1) / parts;
