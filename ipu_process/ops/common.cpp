@@ -103,6 +103,15 @@ unsigned moving_first_tile(const Graph& graph, std::size_t used) {
   return static_cast<unsigned>(graph.tensors_made() * 101 % span);
 }
 
+void map_rows_evenly(Graph& graph, const Tensor& t, std::size_t width, std::size_t tiles,
+                     unsigned first) {
+  const std::size_t rows = t.elements() / width, per = (rows + tiles - 1) / tiles;
+  const Tensor flat = t.flatten();
+  for (std::size_t k = 0; k * per < rows; ++k)
+    graph.set_tile_mapping(flat.slice(k * per * width, std::min(rows, (k + 1) * per) * width),
+                           static_cast<unsigned>((first + k) % graph.tiles()));
+}
+
 void for_each_row_block(const Graph& graph, std::size_t rows,
                         const std::function<void(unsigned, std::size_t, std::size_t)>& fn) {
   const std::size_t tiles = std::min<std::size_t>(graph.tiles(), std::max<std::size_t>(rows, 1));

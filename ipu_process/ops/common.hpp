@@ -64,6 +64,12 @@ void for_each_tile_pieces(const Graph& graph, const Tensor& t, std::size_t min_e
 void add_elementwise_vertices(Graph& graph, ComputeSetId cs, const std::string& codelet,
                               const std::vector<Tensor>& operands, const Tensor& layout,
                               std::size_t min_elements, const std::vector<double>& params = {});
+// Maps t, as rows of `width` elements, in even runs of whole rows over `tiles` tiles from
+// `first` (wrapping round the IPU): where an op whose blocks are not runs of its output (a
+// convolution's or a pooling's channels x some rows) moves that output, so that the ops after it
+// see one run per tile.
+void map_rows_evenly(Graph& graph, const Tensor& t, std::size_t width, std::size_t tiles,
+                     unsigned first);
 // Rows [0, rows) spread over tiles in contiguous blocks: calls fn(tile, row_begin, row_end).
 // The first of `used` consecutive tiles for an op that needs fewer than all of them: it moves
 // with each tensor the graph makes, so that a model's many small outputs and reducers do not

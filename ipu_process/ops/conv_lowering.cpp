@@ -77,11 +77,7 @@ void map_output(Graph& graph, const Tensor& y, const ConvPlan& plan, unsigned fi
         }
     return;
   }
-  const std::size_t all_rows = n * channels * rows, per = ceil_div(all_rows, plan.tiles());
-  const Tensor flat = y.flatten();
-  for (std::size_t k = 0; k * per < all_rows; ++k)
-    graph.set_tile_mapping(flat.slice(k * per * width, std::min(all_rows, (k + 1) * per) * width),
-                           static_cast<unsigned>((first + k) % graph.tiles()));
+  map_rows_evenly(graph, y, width, plan.tiles(), first);
 }
 
 // d with the operands' type and the graph's partials type, which the planner's cycles need.

@@ -254,6 +254,11 @@ PoolGeometry geometry_of(const std::vector<std::size_t>& in, const std::vector<s
           p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.count_include_pad, p.adaptive};
 }
 
+// Whether a block of pb planes x rb rows of [planes, rows, width] is one run of it.
+bool block_is_one_run(std::size_t pb, std::size_t rb, std::size_t rows) {
+  return pb == 1 || rb >= rows;
+}
+
 // One input of a pooling vertex: a [planes, rows, width] tensor and the rows of it that rows
 // [r0, r1) of the op's output need.
 struct PoolInput {
@@ -290,12 +295,18 @@ Tensor lower(Graph& graph, Program& prog, const std::string& name, const char* c
         }
         in_bytes += 4.0 * static_cast<double>(pb * most * in.t.dim(2));
       }
-      const double bytes = in_bytes + 4.0 * static_cast<double>(pb * rb * width);
-      const double cycles =
+      const double out_bytes = 4.0 * static_cast<double>(pb * rb * width);
+      double bytes = in_bytes + out_bytes;
+      double cycles =
           static_cast<double>(arch.exchange_latency_cycles) +
           in_bytes / arch.exchange_bytes_per_cycle_per_tile +
           static_cast<double>(vector_cycles(arch, pb * rb * width * window_elements, 1)) /
               arch.workers_per_tile;
+      if (!block_is_one_run(pb, rb, rows)) {  // the output's move (see below)
+        bytes += out_bytes;
+        cycles += static_cast<double>(arch.exchange_latency_cycles) +
+                  out_bytes / arch.exchange_bytes_per_cycle_per_tile;
+      }
       const bool fits = bytes <= budget, best_fits = best_bytes <= budget;
       if ((fits && (!best_fits || cycles < best_cycles)) ||
           (!fits && !best_fits && bytes < best_bytes)) {
@@ -311,11 +322,20 @@ Tensor lower(Graph& graph, Program& prog, const std::string& name, const char* c
   };
   Tensor out = graph.add_variable(DType::f32, out_shape, name);
   const Tensor out3 = out.reshape({planes, rows, width});
-  for (std::size_t p = 0; p < planes; ++p)
-    for (std::size_t rb = 0; rb < row_blocks; ++rb)
-      graph.set_tile_mapping(out3.row(p).rows(rb * best_rb, std::min(rows, (rb + 1) * best_rb)),
-                             tile_of(p / best_pb, rb));
-  CopyRuns copies;
+  // A block of several planes' first rows is not one run of the output: the vertices write a
+  // piece per tile, and one exchange moves the pieces onto even runs of rows (as a
+  // convolution's, see ConvPlan::remap).
+  const bool remap = !block_is_one_run(best_pb, best_rb, rows);
+  if (remap)
+    map_rows_evenly(graph, out, width, ceil_div(planes, best_pb) * row_blocks,
+                    hash % graph.tiles());
+  else
+    for (std::size_t p = 0; p < planes; ++p)
+      for (std::size_t rb = 0; rb < row_blocks; ++rb)
+        graph.set_tile_mapping(out3.row(p).rows(rb * best_rb, std::min(rows, (rb + 1) * best_rb)),
+                               tile_of(p / best_pb, rb));
+  CopyRuns copies, outputs;
+  TilePieces out_pieces(graph, DType::f32, name + "/out");
   const ComputeSetId cs = graph.add_compute_set(name);
   std::vector<TilePieces> input_pieces;
   for (std::size_t f = 0; f < inputs.size(); ++f)
@@ -337,6 +357,12 @@ Tensor lower(Graph& graph, Program& prog, const std::string& name, const char* c
         params.push_back(double(a));
         params.push_back(double(b - a));
       }
+      Tensor local_out;
+      if (remap) {
+        local_out = out_pieces.add(tile, {p1 - p0, r1 - r0, width});
+        for (std::size_t p = p0; p < p1; ++p)
+          outputs.add(local_out.row(p - p0).flatten(), out3.row(p).rows(r0, r1).flatten());
+      }
       for_each_work_split(
           p1 - p0, r1 - r0, arch.workers_per_tile,
           [&](std::size_t i0, std::size_t i1, std::size_t q0, std::size_t q1) {
@@ -347,7 +373,9 @@ Tensor lower(Graph& graph, Program& prog, const std::string& name, const char* c
             v.params.push_back(double(r0 + q1));
             v.params.push_back(double((i1 - i0) * (q1 - q0) * width * window_elements));
             for (std::size_t i = i0; i < i1; ++i) {
-              v.fields.back().push_back(out3.row(p0 + i).rows(r0 + q0, r0 + q1).flatten());
+              v.fields.back().push_back(
+                  (remap ? local_out.row(i).rows(q0, q1) : out3.row(p0 + i).rows(r0 + q0, r0 + q1))
+                      .flatten());
               v.params.push_back(double(i));
             }
             graph.add_vertex(cs, std::move(v));
@@ -355,6 +383,7 @@ Tensor lower(Graph& graph, Program& prog, const std::string& name, const char* c
     }
   prog.add(Program::copy(std::move(copies)));
   prog.add(Program::execute(cs));
+  if (remap) prog.add(Program::copy(std::move(outputs)));
   return out;
 }
 
