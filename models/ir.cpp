@@ -155,6 +155,8 @@ const char* unary_fn_name(UnaryFn fn) {
       return "abs";
     case UnaryFn::neg:
       return "neg";
+    case UnaryFn::erf:
+      return "erf";
   }
   return "?";
 }

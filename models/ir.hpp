@@ -106,7 +106,9 @@ enum class UnaryFn : std::uint8_t {
   log,
   square,
   abs,
-  neg
+  neg,
+  erf  // the error function (ONNX Erf: PyTorch's exact GELU exports as x * (1 + erf(x / sqrt 2)) /
+       // 2)
 };
 const char* unary_fn_name(UnaryFn fn);
 enum class BinaryFn : std::uint8_t { add, sub, mul, div };

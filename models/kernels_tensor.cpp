@@ -86,6 +86,8 @@ double unary_value(UnaryFn fn, double x, double alpha) {
       return std::abs(x);
     case UnaryFn::neg:
       return -x;
+    case UnaryFn::erf:
+      return std::erf(x);
   }
   return 0;
 }
@@ -123,6 +125,8 @@ double unary_derivative(UnaryFn fn, double x, double alpha) {
       return x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0);
     case UnaryFn::neg:
       return -1.0;
+    case UnaryFn::erf:
+      return 2.0 * kInvSqrt2Pi * std::sqrt(2.0) * std::exp(-x * x);  // 2 / sqrt(pi) e^(-x^2)
   }
   return 0;
 }

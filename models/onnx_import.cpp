@@ -361,14 +361,11 @@ class Importer {
       y = in(0);
     } else if (op == "Sqrt" || op == "Exp" || op == "Log" || op == "Neg" || op == "Abs" ||
                op == "Erf") {
-      if (op == "Erf")
-        throw std::invalid_argument(where +
-                                    ": operator Erf is not supported (the exact GELU's: export "
-                                    "GELU as nn.GELU(approximate='tanh'))");
       const UnaryFn fn = op == "Sqrt"  ? UnaryFn::sqrt
                          : op == "Exp" ? UnaryFn::exp
                          : op == "Log" ? UnaryFn::log
                          : op == "Neg" ? UnaryFn::neg
+                         : op == "Erf" ? UnaryFn::erf
                                        : UnaryFn::abs;
       y = g_.unary(fn, in(0), name);
     } else if (op == "Reciprocal") {

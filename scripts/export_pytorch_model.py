@@ -85,8 +85,9 @@ class Upsampling(nn.Module):
 
 class Attention(nn.Module):
     """A transformer encoder block on a sample's rows (of every channel) as tokens, as a ViT or TransCycleGAN's
-    transformer has it: layer norm, multi-head self-attention, a tanh-GELU MLP, residuals, then
-    the mean token beside the first one and a classifier head. Shapes are constants here (not
+    transformer has it: layer norm, multi-head self-attention, a GELU MLP (the exact GELU, which
+    exports as Erf), residuals, then the mean token beside the first one and a classifier head
+    behind a tanh-GELU (which exports as Tanh, Pow and products). Shapes are constants here (not
     read from the tensors), so the export holds no shape arithmetic."""
 
     def __init__(self, tokens=8, size=8, dim=16, heads=2, classes=10):
@@ -96,7 +97,7 @@ class Attention(nn.Module):
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(approximate="tanh"),
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(),
                                  nn.Linear(2 * dim, dim))
         self.head = nn.Linear(2 * dim, classes)
 
@@ -109,7 +110,7 @@ class Attention(nn.Module):
         x = x + self.proj(a.transpose(1, 2).reshape(-1, t, d))
         x = x + self.mlp(self.norm2(x))
         pooled = torch.cat([x.mean(dim=1), x[:, 0:1].squeeze(1)], dim=-1)
-        return self.head(pooled)
+        return self.head(nn.functional.gelu(pooled, approximate="tanh"))
 
 
 def build(args, shape):

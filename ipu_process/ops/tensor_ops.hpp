@@ -30,7 +30,8 @@ enum class UnaryOp : std::uint8_t {
   log,
   square,
   abs,
-  neg
+  neg,
+  erf
 };
 enum class BinaryOp : std::uint8_t { add, sub, mul, div };
 

@@ -122,6 +122,7 @@ void map_affine(const VertexContext& c) {
 
 constexpr float kSqrt1_2 = 0.70710678118654752440f;
 constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
+constexpr float kSqrt2 = 1.41421356237309504880f;
 
 float sigmoid(float x) {
   return 1.f / (1.f + std::exp(-x));
@@ -154,6 +155,8 @@ float unary_value(ops::UnaryOp fn, float x, float alpha) {
       return std::abs(x);
     case UnaryOp::neg:
       return -x;
+    case UnaryOp::erf:
+      return std::erf(x);
   }
   return 0;
 }
@@ -191,6 +194,8 @@ float unary_derivative(ops::UnaryOp fn, float x, float alpha) {
       return x > 0 ? 1.f : (x < 0 ? -1.f : 0.f);
     case UnaryOp::neg:
       return -1.f;
+    case UnaryOp::erf:
+      return 2.f * kInvSqrt2Pi * kSqrt2 * std::exp(-x * x);  // 2 / sqrt(pi) e^(-x^2)
   }
   return 0;
 }
@@ -201,6 +206,7 @@ std::size_t unary_instructions(ops::UnaryOp fn) {
   using ops::UnaryOp;
   switch (fn) {
     case UnaryOp::gelu:
+    case UnaryOp::erf:
     case UnaryOp::silu:
     case UnaryOp::sigmoid:
     case UnaryOp::tanh:

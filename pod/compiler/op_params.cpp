@@ -94,6 +94,8 @@ ipu::ops::UnaryOp unary_op(const models::Op& op) {
       return U::abs;
     case UnaryFn::neg:
       return U::neg;
+    case UnaryFn::erf:
+      return U::erf;
   }
   throw std::invalid_argument("op '" + op.name + "': unknown unary function");
 }

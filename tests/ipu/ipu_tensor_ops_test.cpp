@@ -275,7 +275,9 @@ TEST(UnaryTest, FunctionsAndGradientsMatchReference) {
       {UnaryOp::square, [](double x) { return x * x; }, [](double x) { return 2 * x; }},
       {UnaryOp::abs, [](double x) { return std::abs(x); },
        [](double x) { return x > 0 ? 1.0 : -1.0; }},
-      {UnaryOp::neg, [](double x) { return -x; }, [](double) { return -1.0; }}};
+      {UnaryOp::neg, [](double x) { return -x; }, [](double) { return -1.0; }},
+      {UnaryOp::erf, [](double x) { return std::erf(x); },
+       [](double x) { return 2 / std::sqrt(M_PI) * std::exp(-x * x); }}};
   for (const auto& fn : fns) {
     const bool positive =
         fn.op == UnaryOp::sqrt || fn.op == UnaryOp::rsqrt || fn.op == UnaryOp::log;

@@ -18,7 +18,7 @@ ValueId param(Graph& g, const std::string& name, Shape shape) {
 TEST(OpGradients, Unary) {
   for (UnaryFn fn : {UnaryFn::gelu, UnaryFn::silu, UnaryFn::sigmoid, UnaryFn::tanh,
                      UnaryFn::leaky_relu, UnaryFn::sqrt, UnaryFn::rsqrt, UnaryFn::exp, UnaryFn::log,
-                     UnaryFn::square, UnaryFn::abs, UnaryFn::neg}) {
+                     UnaryFn::square, UnaryFn::abs, UnaryFn::neg, UnaryFn::erf}) {
     SCOPED_TRACE(unary_fn_name(fn));
     Graph g;
     const ValueId x = param(g, "x", {3, 5});
