@@ -430,6 +430,25 @@ class Importer {
         shape = kept;
       }
       y = g_.reshape(x, shape, name);
+    } else if (op == "LayerNormalization") {  // opset 17: over the axes from `axis` on
+      for (int o = 1; o < node.output_size(); ++o)
+        if (!node.output(o).empty())
+          throw std::invalid_argument(where +
+                                      ": its Mean and InvStdDev outputs are not read here; export "
+                                      "the layer for inference (they are unused then)");
+      const ValueId x = in(0);
+      const Shape shape = g_.info(x).shape;
+      const std::size_t a = axis(int_attr(node, "axis", -1), shape.size(), where);
+      Shape rows(shape.begin(), shape.begin() + static_cast<std::ptrdiff_t>(a));
+      std::size_t inner = 1;
+      for (std::size_t d = a; d < shape.size(); ++d) inner *= shape[d];
+      rows.push_back(inner);
+      const bool last = a + 1 == shape.size();
+      y = g_.normalize(last ? x : g_.reshape(x, rows, name + ".rows"), NormKind::layer,
+                       float_attr(node, "epsilon", 1e-5f), 1, name + ".normalize");
+      if (!last) y = g_.reshape(y, shape, name + ".shape");
+      y = g_.binary(BinaryFn::mul, y, in(1), name + ".scale");
+      if (has(2)) y = g_.binary(BinaryFn::add, y, in(2), name + ".shift");
     } else if (op == "ReduceMean" || op == "ReduceSum") {
       const ValueId x = in(0);
       const std::size_t rank = g_.info(x).shape.size();
@@ -522,7 +541,8 @@ class Importer {
     if (op == "BatchNormalization") return 5;
     if (op == "Slice") return 3;
     if (op == "Conv" || op == "ConvTranspose" || op == "Gemm" || op == "MatMul" || op == "Add" ||
-        op == "Sub" || op == "Mul" || op == "Div" || op == "Pow" || op == "Reshape")
+        op == "Sub" || op == "Mul" || op == "Div" || op == "Pow" || op == "Reshape" ||
+        op == "LayerNormalization")
       return 2;
     return 1;
   }

@@ -13,10 +13,12 @@ for --torchvision and --efficientnet-v2-blocks, python3-torchvision.
       --fixture tests/models/onnx
   scripts/export_pytorch_model.py --attention --input-shape 1,8,8 --out attention.onnx \
       --fixture tests/models/onnx
+  scripts/export_pytorch_model.py --attention --input-shape 1,8,8 --opset 17 \
+      --out attention_opset17.onnx --fixture tests/models/onnx
 
 The model is exported as it trains on an IPU: BatchNormalization kept as its own node with its
 running statistics (not folded into the convolution), Dropout left out (inference form), a
-fixed micro-batch and input shape, opset 13. ipupod starts training from the exported weights.
+fixed micro-batch and input shape, opset 13 (or --opset 17, where LayerNorm is one node). ipupod starts training from the exported weights.
 """
 import argparse
 import importlib
@@ -149,6 +151,8 @@ def main():
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--opset", type=int, default=13, choices=range(13, 18),
+                        help="ONNX opset (default 13; at 17 LayerNorm exports as one node)")
     parser.add_argument("--out", required=True, help="the .onnx file to write")
     parser.add_argument("--fixture", help="also write DIR/<name>.input.f32 and "
                         "<name>.output.f32: a fixed input and PyTorch's eval output (raw float32)")
@@ -170,7 +174,7 @@ def main():
     x = torch.rand(args.micro_batch, *shape)
     # TrainingMode.PRESERVE with an eval-mode model keeps BatchNormalization a node of its own
     # (EVAL would fold it into the convolution before it).
-    torch.onnx.export(model, x, args.out, opset_version=13, input_names=["input"],
+    torch.onnx.export(model, x, args.out, opset_version=args.opset, input_names=["input"],
                       output_names=["logits"], training=torch.onnx.TrainingMode.PRESERVE,
                       do_constant_folding=False)
     params = sum(p.numel() for p in model.parameters())

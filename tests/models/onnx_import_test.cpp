@@ -176,6 +176,84 @@ TEST(OnnxImport, ATransformerBlockComputesWhatPyTorchComputedAndTrains) {
   expect_training_lowers_the_loss("attention", [](Buffer& b) { b.i = {1, 4}; });
 }
 
+// The same block exported at opset 17, where each LayerNorm is one LayerNormalization node (its
+// scale and bias initializers parameters as the decomposed form's are).
+TEST(OnnxImport, Opset17sLayerNormalizationNodeComputesWhatPyTorchComputed) {
+  const Model m = import(std::string(IPUPOD_ONNX_DIR) + "/attention_opset17.onnx", false);
+  EXPECT_EQ(m.parameter_count(), 2698u);
+  expect_pytorchs_outputs("attention_opset17", 2 * 8 * 8);
+  expect_training_lowers_the_loss("attention_opset17", [](Buffer& b) { b.i = {1, 4}; });
+}
+
+// LayerNormalization over more than the last axis (PyTorch's LayerNorm([3, 4])): x [2, 12]
+// reshaped to [2, 3, 4], normalised over its last two axes, reshaped back; each sample's 12
+// values come out with mean 0 and variance 1 (eps aside), as computed here.
+TEST(OnnxImport, LayerNormalizationOverSeveralAxes) {
+  onnx::ModelProto model;
+  model.set_ir_version(8);
+  model.add_opset_import()->set_version(17);
+  onnx::GraphProto* g = model.mutable_graph();
+  auto* type = g->add_input()->mutable_type()->mutable_tensor_type();
+  g->mutable_input(0)->set_name("x");
+  type->set_elem_type(onnx::TensorProto::FLOAT);
+  for (int d : {2, 12}) type->mutable_shape()->add_dim()->set_dim_value(d);
+  const auto int64s = [&](const std::string& name, const std::vector<std::int64_t>& v) {
+    onnx::TensorProto* t = g->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::INT64);
+    t->add_dims(static_cast<std::int64_t>(v.size()));
+    for (std::int64_t x : v) t->add_int64_data(x);
+  };
+  int64s("cube", {2, 3, 4});
+  int64s("flat", {2, 12});
+  onnx::TensorProto* scale = g->add_initializer();
+  scale->set_name("scale");
+  scale->set_data_type(onnx::TensorProto::FLOAT);
+  scale->add_dims(3);
+  scale->add_dims(4);
+  for (int i = 0; i < 12; ++i) scale->add_float_data(1.f);
+  const auto add_node = [&](const std::string& op, const std::vector<std::string>& in,
+                            const std::string& out) {
+    onnx::NodeProto* n = g->add_node();
+    n->set_name(out);
+    n->set_op_type(op);
+    for (const auto& i : in) n->add_input(i);
+    n->add_output(out);
+    return n;
+  };
+  add_node("Reshape", {"x", "cube"}, "x3");
+  onnx::AttributeProto* axis =
+      add_node("LayerNormalization", {"x3", "scale"}, "n3")->add_attribute();
+  axis->set_name("axis");
+  axis->set_type(onnx::AttributeProto::INT);
+  axis->set_i(1);
+  add_node("Reshape", {"n3", "flat"}, "y");
+  g->add_output()->set_name("y");
+  const fs::path path =
+      fs::temp_directory_path() / ("ipupod_ln_" + std::to_string(getpid()) + ".onnx");
+  {
+    std::ofstream out(path, std::ios::binary);
+    model.SerializeToOstream(&out);
+  }
+  const Model m = import(path.string(), false);
+  fs::remove(path);
+  Interpreter run(m.graph);
+  Buffer x = Buffer::zeros(m.graph.info(m.input));
+  for (std::size_t i = 0; i < x.f.size(); ++i) x.f[i] = static_cast<float>((i * 7) % 11) - 3.f;
+  run.set(m.input, x);
+  run.set(m.labels, Buffer::zeros(m.graph.info(m.labels)));
+  run.run({Phase::forward});
+  const std::vector<float>& got = run.get(m.logits).f;
+  ASSERT_EQ(got.size(), 24u);
+  for (std::size_t n = 0; n < 2; ++n) {
+    double mean = 0, var = 0;
+    for (std::size_t i = 0; i < 12; ++i) mean += x.f[n * 12 + i] / 12.0;
+    for (std::size_t i = 0; i < 12; ++i) var += std::pow(x.f[n * 12 + i] - mean, 2) / 12.0;
+    for (std::size_t i = 0; i < 12; ++i)
+      EXPECT_NEAR(got[n * 12 + i], (x.f[n * 12 + i] - mean) / std::sqrt(var + 1e-5), 1e-5) << i;
+  }
+}
+
 // A file written here with the ONNX library: one node of operator `op` on input x of `dims`,
 // with an int64 initializer "axes" as its second input when `axes` is given.
 std::string write_model_with(const std::string& op, const std::vector<int>& dims,
