@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
 
 #include "ipu_process/engine.hpp"
 #include "ipu_process/ops/conv.hpp"
@@ -146,6 +147,8 @@ INSTANTIATE_TEST_SUITE_P(
         ConvCase{"stride3_gaps", {2, 2, 10, 11}, {3, 2, 2, 2}, geometry(3, 3, 0, 0, 0, 0)},
         ConvCase{"padding_only_rows", {1, 2, 5, 4}, {2, 2, 2, 2}, geometry(1, 1, 3, 0, 0, 2)},
         ConvCase{"pointwise", {3, 7, 5, 5}, {11, 7, 1, 1}, geometry(1, 1, 0, 0, 0, 0)},
+        // blocks of 16 channels x 1 row on the tiny IPU: computed in pieces, moved (remapped)
+        ConvCase{"row_blocks_remapped", {1, 4, 32, 32}, {16, 4, 3, 3}, geometry(1, 1, 1, 1, 1, 1)},
         // 256 KiB of input and of output on a 128 KiB-per-tile IPU: must spread over tiles
         ConvCase{"larger_than_a_tile", {2, 8, 64, 64}, {8, 8, 3, 3}, geometry(1, 1, 1, 1, 1, 1)}),
     [](const auto& info) { return std::string(info.param.label); });
@@ -161,6 +164,30 @@ TEST(Conv, LargeLayerSpreadsOverTilesWithinMemory) {
   const ConvRun r = run_conv(c, "tiny", 1, random_floats(count(c.x), 4),
                              random_floats(count(c.w), 5), random_floats(count(ys), 6));
   EXPECT_LE(r.memory.busiest().total(), tiny.bytes_per_tile);
+}
+
+// A plan whose blocks cut several channels' rows computes them in pieces and moves them onto
+// even runs of whole rows: the output (and the input gradient) then has one interval per tile,
+// not one per channel row of each block, and the ops after it inherit that.
+TEST(Conv, BlocksThatAreNotRunsOfTheOutputAreMovedOntoOneRunPerTile) {
+  const ConvCase c{"", {1, 4, 32, 32}, {16, 4, 3, 3}, geometry(1, 1, 1, 1, 1, 1)};
+  const ArchPreset& tiny = ArchPreset::get("tiny");
+  const ops::ConvPlan plan = ops::plan_conv2d(tiny, c.x, c.w, c.p);
+  ASSERT_TRUE(plan.remap) << plan.channel_block << " channels x " << plan.row_block << " rows";
+  ASSERT_GT(plan.channel_block * plan.row_blocks, 1u);
+  Graph g(tiny);
+  Tensor x = g.add_variable(DType::f32, c.x, "x");
+  Tensor w = g.add_variable(DType::f32, c.w, "w", MemoryCategory::weight);
+  g.map_linearly(x);
+  g.map_linearly(w);
+  Program p;
+  const Tensor y = ops::conv2d(g, p, x, w, c.p, "conv");
+  const auto intervals = g.tile_mapping(y);
+  EXPECT_LE(intervals.size(), plan.tiles());
+  std::set<unsigned> tiles;
+  for (const auto& iv : intervals) EXPECT_TRUE(tiles.insert(iv.tile).second) << iv.tile;
+  // Mapped where each block is computed, it had a run per channel row of every block.
+  EXPECT_LT(intervals.size(), c.w[0] * plan.row_blocks);
 }
 
 TEST(Conv, BitwiseIdenticalWithOneAndTwoThreads) {
