@@ -107,8 +107,8 @@ enum class UnaryFn : std::uint8_t {
   square,
   abs,
   neg,
-  erf  // the error function (ONNX Erf: PyTorch's exact GELU exports as x * (1 + erf(x / sqrt 2)) /
-       // 2)
+  // The error function (ONNX Erf: PyTorch's exact GELU exports as x (1 + erf(x / sqrt 2)) / 2).
+  erf
 };
 const char* unary_fn_name(UnaryFn fn);
 enum class BinaryFn : std::uint8_t { add, sub, mul, div };

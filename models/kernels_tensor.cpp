@@ -55,6 +55,7 @@ void for_each_index(const Shape& shape, const std::vector<std::size_t>& sa,
 
 constexpr double kSqrt1_2 = 0.70710678118654752440;
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;
+constexpr double k2OverSqrtPi = 1.12837916709551257390;  // erf'(x) = 2 / sqrt(pi) e^(-x^2)
 
 double sigmoid(double x) {
   return 1.0 / (1.0 + std::exp(-x));
@@ -126,7 +127,7 @@ double unary_derivative(UnaryFn fn, double x, double alpha) {
     case UnaryFn::neg:
       return -1.0;
     case UnaryFn::erf:
-      return 2.0 * kInvSqrt2Pi * std::sqrt(2.0) * std::exp(-x * x);  // 2 / sqrt(pi) e^(-x^2)
+      return k2OverSqrtPi * std::exp(-x * x);
   }
   return 0;
 }

@@ -526,8 +526,8 @@ class Importer {
           where + ": operator " + op +
           " is not supported (supported: Conv, ConvTranspose, BatchNormalization, "
           "Softmax, Transpose, Concat, Split, Squeeze, Unsqueeze, Slice, "
-          "ReduceMean, ReduceSum, Sqrt, Exp, Log, Neg, Abs, Reciprocal, "
-          "Pow, "
+          "ReduceMean, ReduceSum, Sqrt, Exp, Log, Neg, Abs, Erf, Reciprocal, "
+          "Pow, LayerNormalization, "
           "Relu, Sigmoid, Tanh, MaxPool, AveragePool, GlobalAveragePool, "
           "Flatten, Reshape, Gemm, MatMul, Add, Sub, Mul, Div, Identity, "
           "Dropout, Constant)");
@@ -535,7 +535,7 @@ class Importer {
     values_[node.output(0)] = y;
   }
 
-  // The fewest inputs an operator takes (opset 13): its required ones.
+  // The fewest inputs an operator takes (opsets 13 to 17): its required ones.
   static int inputs_needed(const std::string& op) {
     if (op == "Constant") return 0;
     if (op == "BatchNormalization") return 5;

@@ -18,7 +18,8 @@ for --torchvision and --efficientnet-v2-blocks, python3-torchvision.
 
 The model is exported as it trains on an IPU: BatchNormalization kept as its own node with its
 running statistics (not folded into the convolution), Dropout left out (inference form), a
-fixed micro-batch and input shape, opset 13 (or --opset 17, where LayerNorm is one node). ipupod starts training from the exported weights.
+fixed micro-batch and input shape, opset 13 (or --opset 17, where LayerNorm is one node).
+ipupod starts training from the exported weights.
 """
 import argparse
 import importlib

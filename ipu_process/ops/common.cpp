@@ -105,6 +105,10 @@ unsigned moving_first_tile(const Graph& graph, std::size_t used) {
 
 void map_rows_evenly(Graph& graph, const Tensor& t, std::size_t width, std::size_t tiles,
                      unsigned first) {
+  if (width == 0 || tiles == 0 || t.elements() % width != 0)
+    throw std::invalid_argument("map_rows_evenly: " + std::to_string(t.elements()) +
+                                " elements in rows of " + std::to_string(width) + " over " +
+                                std::to_string(tiles) + " tiles");
   const std::size_t rows = t.elements() / width, per = (rows + tiles - 1) / tiles;
   const Tensor flat = t.flatten();
   for (std::size_t k = 0; k * per < rows; ++k)

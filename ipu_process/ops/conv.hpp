@@ -75,7 +75,7 @@ void for_each_work_split(
     std::size_t items, std::size_t rows, std::size_t workers,
     const std::function<void(std::size_t, std::size_t, std::size_t, std::size_t)>& fn);
 
-// The plans the ops above use, for reports and tests.
+// The plans the ops above use for float32 operands and partials, for reports and tests.
 ConvPlan plan_conv2d(const ArchPreset& arch, const std::vector<std::size_t>& x_shape,
                      const std::vector<std::size_t>& w_shape, const ConvParams& params,
                      double proportion = kDefaultAvailableMemoryProportion);

@@ -122,7 +122,7 @@ void map_affine(const VertexContext& c) {
 
 constexpr float kSqrt1_2 = 0.70710678118654752440f;
 constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
-constexpr float kSqrt2 = 1.41421356237309504880f;
+constexpr float k2OverSqrtPi = 1.12837916709551257390f;  // erf'(x) = 2 / sqrt(pi) e^(-x^2)
 
 float sigmoid(float x) {
   return 1.f / (1.f + std::exp(-x));
@@ -195,7 +195,7 @@ float unary_derivative(ops::UnaryOp fn, float x, float alpha) {
     case UnaryOp::neg:
       return -1.f;
     case UnaryOp::erf:
-      return 2.f * kInvSqrt2Pi * kSqrt2 * std::exp(-x * x);  // 2 / sqrt(pi) e^(-x^2)
+      return k2OverSqrtPi * std::exp(-x * x);
   }
   return 0;
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <set>
 
 #include "ipu_process/engine.hpp"
 #include "ipu_process/ops/pool.hpp"
@@ -146,11 +147,33 @@ INSTANTIATE_TEST_SUITE_P(
                       PoolCase{"adaptive_3x2", {2, 3, 7, 9}, adaptive(3, 2), false},
                       PoolCase{"adaptive_larger", {1, 2, 5, 3}, adaptive(7, 4), false},
                       PoolCase{"global_average", {3, 7, 6, 5}, adaptive(1, 1), false},
+                      PoolCase{
+                          "global_average_row_cut_blocks", {1, 20, 16, 16}, adaptive(1, 1), false},
+                      PoolCase{"max2_row_cut_blocks", {1, 20, 16, 16}, window(2, 2, 0), true},
                       PoolCase{"single_plane", {1, 1, 4, 4}, window(2, 2, 0), true},
                       // 512 KiB on a 128 KiB-per-tile IPU
                       PoolCase{"larger_than_a_tile_max", {2, 16, 64, 64}, window(2, 2, 0), true},
                       PoolCase{"larger_than_a_tile_avg", {2, 16, 64, 64}, adaptive(1, 1), false}),
     [](const auto& info) { return std::string(info.param.label); });
+
+// A pooling op whose blocks are several planes' first rows computes them in pieces (variable
+// NAME/out) and moves them onto even runs of whole rows: its output has one interval per tile.
+// Such cases are also among the reference cases above (the *_row_cut_blocks ones).
+TEST(Pool, BlocksThatAreNotRunsOfTheOutputAreMovedOntoOneRunPerTile) {
+  Graph g(ArchPreset::get("tiny"));
+  Tensor dy = g.add_variable(DType::f32, {1, 20, 1, 1}, "dy");
+  g.map_linearly(dy);
+  Program p;
+  // The global average's gradient: 20 planes of 16x16 on 32 tiles.
+  const Tensor dx = ops::avg_pool2d_grad(g, p, dy, {1, 20, 16, 16}, adaptive(1, 1), "gap.dx");
+  bool moved = false;
+  for (const Variable& v : g.variables()) moved = moved || v.name == "gap.dx/out";
+  ASSERT_TRUE(moved) << "the plan's blocks are runs of the output: pick another shape";
+  const auto intervals = g.tile_mapping(dx);
+  std::set<unsigned> tiles;
+  for (const auto& iv : intervals) EXPECT_TRUE(tiles.insert(iv.tile).second) << iv.tile;
+  EXPECT_LE(intervals.size(), g.tiles());
+}
 
 TEST(Pool, BitwiseIdenticalWithOneAndTwoThreads) {
   const PoolCase c{"", {2, 16, 33, 31}, window(3, 2, 1, false), false};

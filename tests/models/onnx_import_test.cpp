@@ -181,13 +181,16 @@ TEST(OnnxImport, ATransformerBlockComputesWhatPyTorchComputedAndTrains) {
 TEST(OnnxImport, Opset17sLayerNormalizationNodeComputesWhatPyTorchComputed) {
   const Model m = import(std::string(IPUPOD_ONNX_DIR) + "/attention_opset17.onnx", false);
   EXPECT_EQ(m.parameter_count(), 2698u);
+  std::size_t normalizing = 0;
+  for (const Op& op : m.graph.ops()) normalizing += op.kind == OpKind::normalize;
+  EXPECT_EQ(normalizing, 2u);  // one op per LayerNormalization node, not a decomposition
   expect_pytorchs_outputs("attention_opset17", 2 * 8 * 8);
   expect_training_lowers_the_loss("attention_opset17", [](Buffer& b) { b.i = {1, 4}; });
 }
 
 // LayerNormalization over more than the last axis (PyTorch's LayerNorm([3, 4])): x [2, 12]
-// reshaped to [2, 3, 4], normalised over its last two axes, reshaped back; each sample's 12
-// values come out with mean 0 and variance 1 (eps aside), as computed here.
+// reshaped to [2, 3, 4], normalised over its last two axes, scaled and shifted element-wise,
+// reshaped back, as computed here.
 TEST(OnnxImport, LayerNormalizationOverSeveralAxes) {
   onnx::ModelProto model;
   model.set_ir_version(8);
@@ -206,12 +209,21 @@ TEST(OnnxImport, LayerNormalizationOverSeveralAxes) {
   };
   int64s("cube", {2, 3, 4});
   int64s("flat", {2, 12});
-  onnx::TensorProto* scale = g->add_initializer();
-  scale->set_name("scale");
-  scale->set_data_type(onnx::TensorProto::FLOAT);
-  scale->add_dims(3);
-  scale->add_dims(4);
-  for (int i = 0; i < 12; ++i) scale->add_float_data(1.f);
+  std::vector<float> scale(12), bias(12);
+  for (std::size_t i = 0; i < 12; ++i) {
+    scale[i] = 0.5f + 0.1f * static_cast<float>(i);
+    bias[i] = 0.05f * (static_cast<float>(i) - 6.f);
+  }
+  const auto floats = [&](const std::string& name, const std::vector<float>& v) {
+    onnx::TensorProto* t = g->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    t->add_dims(3);
+    t->add_dims(4);
+    for (float x : v) t->add_float_data(x);
+  };
+  floats("scale", scale);
+  floats("bias", bias);
   const auto add_node = [&](const std::string& op, const std::vector<std::string>& in,
                             const std::string& out) {
     onnx::NodeProto* n = g->add_node();
@@ -223,7 +235,7 @@ TEST(OnnxImport, LayerNormalizationOverSeveralAxes) {
   };
   add_node("Reshape", {"x", "cube"}, "x3");
   onnx::AttributeProto* axis =
-      add_node("LayerNormalization", {"x3", "scale"}, "n3")->add_attribute();
+      add_node("LayerNormalization", {"x3", "scale", "bias"}, "n3")->add_attribute();
   axis->set_name("axis");
   axis->set_type(onnx::AttributeProto::INT);
   axis->set_i(1);
@@ -250,7 +262,9 @@ TEST(OnnxImport, LayerNormalizationOverSeveralAxes) {
     for (std::size_t i = 0; i < 12; ++i) mean += x.f[n * 12 + i] / 12.0;
     for (std::size_t i = 0; i < 12; ++i) var += std::pow(x.f[n * 12 + i] - mean, 2) / 12.0;
     for (std::size_t i = 0; i < 12; ++i)
-      EXPECT_NEAR(got[n * 12 + i], (x.f[n * 12 + i] - mean) / std::sqrt(var + 1e-5), 1e-5) << i;
+      EXPECT_NEAR(got[n * 12 + i],
+                  (x.f[n * 12 + i] - mean) / std::sqrt(var + 1e-5) * scale[i] + bias[i], 1e-5)
+          << i;
   }
 }
 
