@@ -349,22 +349,31 @@ std::vector<std::size_t> all_axes(const Graph& g, ValueId x) {
 }
 }  // namespace
 
+namespace {
+// The mean of an elementwise error over all cells, or over those where mask is 1.
+ValueId mean_error(Builder& b, ValueId error, ValueId mask, const std::string& loss) {
+  Graph& g = b.graph();
+  if (mask < 0) return g.reduce_mean(error, all_axes(g, error), false, b.name(loss));
+  const ValueId masked = g.binary(BinaryFn::mul, error, mask, b.name(loss + "_masked"));
+  const ValueId total =
+      g.reduce_sum(masked, all_axes(g, masked), false, 1.0, b.name(loss + "_sum"));
+  const ValueId count = g.reduce_sum(mask, all_axes(g, mask), false, 1.0, b.name(loss + "_count"));
+  return g.binary(BinaryFn::div, total, count, b.name(loss));
+}
+}  // namespace
+
 ValueId mse_loss(Builder& b, ValueId pred, ValueId target, ValueId mask) {
   Graph& g = b.graph();
   const ValueId sq = g.unary(
       UnaryFn::square, g.binary(BinaryFn::sub, pred, target, b.name("mse_diff")), b.name("mse_sq"));
-  if (mask < 0) return g.reduce_mean(sq, all_axes(g, sq), false, b.name("mse"));
-  const ValueId masked = g.binary(BinaryFn::mul, sq, mask, b.name("mse_masked"));
-  const ValueId total = g.reduce_sum(masked, all_axes(g, masked), false, 1.0, b.name("mse_sum"));
-  const ValueId count = g.reduce_sum(mask, all_axes(g, mask), false, 1.0, b.name("mse_count"));
-  return g.binary(BinaryFn::div, total, count, b.name("mse"));
+  return mean_error(b, sq, mask, "mse");
 }
 
-ValueId l1_loss(Builder& b, ValueId pred, ValueId target) {
+ValueId l1_loss(Builder& b, ValueId pred, ValueId target, ValueId mask) {
   Graph& g = b.graph();
   const ValueId a = g.unary(UnaryFn::abs, g.binary(BinaryFn::sub, pred, target, b.name("l1_diff")),
                             b.name("l1_abs"));
-  return g.reduce_mean(a, all_axes(g, a), false, b.name("l1"));
+  return mean_error(b, a, mask, "l1");
 }
 
 ValueId cross_entropy(Builder& b, ValueId logits, ValueId labels) {

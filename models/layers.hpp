@@ -130,7 +130,7 @@ Quantized vector_quantizer(Builder& b, ValueId z, std::size_t codes, double deca
 
 // Losses, each a float32[] mean.
 ValueId mse_loss(Builder& b, ValueId pred, ValueId target, ValueId mask = -1);  // mask: 1 = counted
-ValueId l1_loss(Builder& b, ValueId pred, ValueId target);
+ValueId l1_loss(Builder& b, ValueId pred, ValueId target, ValueId mask = -1);   // mask: 1 = counted
 ValueId cross_entropy(Builder& b, ValueId logits, ValueId labels);
 ValueId lsgan_loss(Builder& b, ValueId pred, double target);  // mean((pred - target)^2)
 

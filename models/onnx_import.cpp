@@ -96,27 +96,67 @@ class Importer {
     for (const auto& t : graph.initializer())
       constants_.emplace(t.name(), read_tensor(t, "initializer"));
     find_parameters(graph);
+    find_silus(graph);
     make_input(graph);
     for (const auto& node : graph.node()) lower(node);
     if (graph.output_size() != 1)
       throw std::invalid_argument("'" + path_ + "' has " + std::to_string(graph.output_size()) +
                                   " outputs; one output is supported: [N, classes] (a "
-                                  "classifier) or [N, 1] (a regressor)");
+                                  "classifier), [N, values] (a regressor) or [N, C, ...] (an "
+                                  "image or field, with --loss mse or l1)");
     m_.logits = value(graph.output(0).name(), "the graph's output");
-    const Shape& logits = g_.info(m_.logits).shape;
-    if (logits.size() != 2 || logits[0] != o_.micro_batch || logits[1] == 0)
-      throw std::invalid_argument("'" + path_ + "': the output '" + graph.output(0).name() +
-                                  "' is " + shape_str(logits) + "; a classifier's [" +
-                                  std::to_string(o_.micro_batch) + ", classes] or a regressor's [" +
-                                  std::to_string(o_.micro_batch) + ", 1] is supported");
-    if (logits[1] == 1) {  // one value per sample: a regressor, scored by its mean absolute error
-      m_.task = Task::regression;
-      m_.labels = g_.input("labels", {DType::f32, {o_.micro_batch, 1}});
-      m_.loss = nn::l1_loss(b_, m_.logits, m_.labels);
+    make_loss(graph.output(0).name());
+  }
+
+ private:
+  // The loss (--loss), against labels shaped as the data's targets: a classifier's [N, classes]
+  // softmax cross entropy against class labels; an [N, values] output's mean absolute or
+  // squared error against target values (a regressor); an [N, C, ...] output's against target
+  // images, or against a field where its mask is 1 when the data's targets are the field and
+  // its mask ([2C, ...], as the climate data holds them). auto: cross entropy for [N, classes],
+  // the mean absolute error for [N, 1].
+  void make_loss(const std::string& output) {
+    const Shape logits = g_.info(m_.logits).shape;
+    const std::string loss = o_.loss.empty() ? "auto" : o_.loss;
+    const std::string n = std::to_string(o_.micro_batch);
+    const std::string is =
+        "'" + path_ + "': the output '" + output + "' is " + shape_str(logits) + "; ";
+    if (logits.size() < 2 || logits[0] != o_.micro_batch || logits[1] == 0)
+      throw std::invalid_argument(is + "[" + n + ", classes], [" + n + ", values] or [" + n +
+                                  ", C, ...] is supported");
+    const bool vector = logits.size() == 2;
+    if (loss == "cross-entropy" || (loss == "auto" && vector && logits[1] > 1)) {
+      if (!vector || logits[1] < 2)
+        throw std::invalid_argument(is + "--loss " + loss + " takes a classifier's [" + n +
+                                    ", classes] with two classes or more (for values, images "
+                                    "or fields choose --loss mse or l1)");
+      m_.labels = g_.input("labels", {DType::i32, {o_.micro_batch}});
+      m_.loss = nn::cross_entropy(b_, m_.logits, m_.labels);
       return;
     }
-    m_.labels = g_.input("labels", {DType::i32, {o_.micro_batch}});
-    m_.loss = nn::cross_entropy(b_, m_.logits, m_.labels);
+    if (loss == "auto" && !vector)
+      throw std::invalid_argument(is + "--loss auto reads a classifier's [" + n +
+                                  ", classes] or a regressor's [" + n +
+                                  ", 1]; choose --loss mse or l1 to train it against the data's "
+                                  "target images or fields");
+    const bool l1 = loss != "mse";
+    const Shape sample(logits.begin() + 1, logits.end());
+    const Shape& t = o_.target_shape;
+    if (!vector && t.size() == sample.size() && t[0] == 2 * sample[0] &&
+        std::equal(t.begin() + 1, t.end(), sample.begin() + 1)) {
+      m_.task = Task::reconstruction;
+      Shape labels = {o_.micro_batch};
+      labels.insert(labels.end(), t.begin(), t.end());
+      m_.labels = g_.input("targets", {DType::f32, labels});
+      const ValueId field = g_.slice(m_.labels, 1, 0, sample[0], "target_field");
+      const ValueId mask = g_.slice(m_.labels, 1, sample[0], 2 * sample[0], "target_mask");
+      m_.loss =
+          l1 ? nn::l1_loss(b_, m_.logits, field, mask) : nn::mse_loss(b_, m_.logits, field, mask);
+      return;
+    }
+    m_.task = vector ? Task::regression : Task::image_to_image;
+    m_.labels = g_.input(vector ? "labels" : "targets", {DType::f32, logits});
+    m_.loss = l1 ? nn::l1_loss(b_, m_.logits, m_.labels) : nn::mse_loss(b_, m_.logits, m_.labels);
   }
 
  private:
@@ -129,6 +169,31 @@ class Importer {
         for (int i = 3; i <= 4 && i < node.input_size(); ++i) statistics.insert(node.input(i));
     for (const auto& [name, c] : constants_)
       if (c.is_float && !statistics.count(name)) trained_.insert(name);
+  }
+
+  // SiLU as PyTorch exports it, Mul(x, Sigmoid(x)) (or Mul(Sigmoid(x), x)) where nothing else
+  // reads the Sigmoid: one SiLU op, as the zoo's models have it (one activation less to keep
+  // for the backward pass, one compute set less).
+  void find_silus(const onnx::GraphProto& graph) {
+    std::map<std::string, int> readers;
+    std::map<std::string, std::string> sigmoid_of;  // a Sigmoid's output -> its input
+    for (const auto& node : graph.node()) {
+      for (const auto& in : node.input()) ++readers[in];
+      if (node.op_type() == "Sigmoid" && node.input_size() == 1 && node.output_size() == 1)
+        sigmoid_of[node.output(0)] = node.input(0);
+    }
+    for (const auto& out : graph.output()) ++readers[out.name()];
+    for (const auto& node : graph.node()) {
+      if (node.op_type() != "Mul" || node.input_size() != 2) continue;
+      for (int i = 0; i < 2; ++i) {
+        const auto s = sigmoid_of.find(node.input(i));
+        if (s != sigmoid_of.end() && s->second == node.input(1 - i) && readers[s->first] == 1) {
+          fused_sigmoids_.insert(s->first);
+          silu_of_[node.output(0)] = s->second;
+          break;
+        }
+      }
+    }
   }
 
   void make_input(const onnx::GraphProto& graph) {
@@ -236,6 +301,7 @@ class Importer {
     const auto in = [&](int i) { return value(node.input(i), where); };
     const auto has = [&](int i) { return node.input_size() > i && !node.input(i).empty(); };
     ValueId y = -1;
+    if (fold_shape_arithmetic(node, where)) return;
     if (op == "Constant") {
       const auto a = attribute(node, "value");
       if (!a) throw std::invalid_argument(where + ": a Constant without a tensor 'value'");
@@ -279,6 +345,31 @@ class Importer {
                   name + ".shift");
     } else if (op == "Relu") {
       y = g_.relu(in(0), name);
+    } else if (op == "HardSigmoid" || op == "HardSwish") {  // max(0, min(1, alpha x + beta))
+      const ValueId x = in(0);
+      const bool swish = op == "HardSwish";
+      const double alpha = swish ? 1.0 / 6 : float_attr(node, "alpha", 0.2);
+      const double beta = swish ? 0.5 : float_attr(node, "beta", 0.5);
+      const ValueId t = g_.binary(
+          BinaryFn::add, g_.binary(BinaryFn::mul, x, scalar(alpha, name + ".alpha"), name + ".ax"),
+          scalar(beta, name + ".beta"), name + ".axb");
+      y = clip(t, 0.0, 1.0, swish ? name + ".hard_sigmoid" : name);
+      if (swish) y = g_.binary(BinaryFn::mul, x, y, name);
+    } else if (op == "Clip") {  // opset 13: min and max as optional constant inputs (ReLU6)
+      const auto bound = [&](int i) -> std::optional<double> {
+        if (!has(i)) return std::nullopt;
+        const auto c = constants_.find(node.input(i));
+        if (c == constants_.end() || !c->second.is_float || c->second.floats.size() != 1)
+          throw std::invalid_argument(where + ": Clip's bounds must be float constants");
+        return c->second.floats[0];
+      };
+      y = clip(in(0), bound(1), bound(2), name);
+    } else if (op == "Gather") {
+      y = gather(node, name, where);
+    } else if (op == "Sigmoid" && fused_sigmoids_.count(node.output(0))) {
+      return;  // made with the Mul that reads it, as one SiLU
+    } else if (op == "Mul" && silu_of_.count(node.output(0))) {
+      y = g_.unary(UnaryFn::silu, value(silu_of_.at(node.output(0)), where), name);
     } else if (op == "Sigmoid" || op == "Tanh") {
       y = g_.unary(op == "Sigmoid" ? UnaryFn::sigmoid : UnaryFn::tanh, in(0), name);
     } else if (op == "MaxPool" || op == "AveragePool") {
@@ -369,7 +460,7 @@ class Importer {
                                        : UnaryFn::abs;
       y = g_.unary(fn, in(0), name);
     } else if (op == "Reciprocal") {
-      y = g_.binary(BinaryFn::div, g_.constant(name + ".one", {DType::f32, {1}}, 1.0), in(0), name);
+      y = g_.binary(BinaryFn::div, scalar(1.0, name + ".one"), in(0), name);
     } else if (op == "Pow") {
       const auto e = constants_.find(node.input(1));
       if (e == constants_.end() || !e->second.is_float || e->second.floats.size() != 1 ||
@@ -527,12 +618,97 @@ class Importer {
           " is not supported (supported: Conv, ConvTranspose, BatchNormalization, "
           "Softmax, Transpose, Concat, Split, Squeeze, Unsqueeze, Slice, "
           "ReduceMean, ReduceSum, Sqrt, Exp, Log, Neg, Abs, Erf, Reciprocal, "
-          "Pow, LayerNormalization, "
-          "Relu, Sigmoid, Tanh, MaxPool, AveragePool, GlobalAveragePool, "
+          "Pow, LayerNormalization, Gather (constant indices), Shape, "
+          "Relu, Sigmoid, Tanh, HardSigmoid, HardSwish, Clip, MaxPool, AveragePool, "
+          "GlobalAveragePool, "
           "Flatten, Reshape, Gemm, MatMul, Add, Sub, Mul, Div, Identity, "
           "Dropout, Constant)");
     }
     values_[node.output(0)] = y;
+  }
+
+  // Shape arithmetic that an export without constant folding holds (x.flatten(2) exports as
+  // Shape, Slice, Concat, Reshape): shapes are fixed here, so Shape gives an int64 constant,
+  // and Slice, Concat, Gather, Squeeze and Unsqueeze of int64 constants give constants too.
+  // True when the node was folded.
+  bool fold_shape_arithmetic(const onnx::NodeProto& node, const std::string& where) {
+    const std::string& op = node.op_type();
+    const auto ints = [&](int i) -> const Constant* {
+      if (node.input_size() <= i || node.input(i).empty()) return nullptr;
+      const auto c = constants_.find(node.input(i));
+      return c == constants_.end() || c->second.is_float ? nullptr : &c->second;
+    };
+    Constant out;
+    out.is_float = false;
+    if (op == "Shape") {
+      const Shape& shape = g_.info(value(node.input(0), where)).shape;
+      const auto rank = static_cast<std::int64_t>(shape.size());
+      const auto clamp = [rank](std::int64_t v) {
+        return std::clamp<std::int64_t>(v < 0 ? v + rank : v, 0, rank);
+      };
+      const std::int64_t b = clamp(int_attr(node, "start", 0)),
+                         e = clamp(int_attr(node, "end", rank));
+      for (std::int64_t d = b; d < e; ++d)
+        out.ints.push_back(static_cast<std::int64_t>(shape[static_cast<std::size_t>(d)]));
+    } else if (op == "Concat" || op == "Slice" || op == "Gather" || op == "Squeeze" ||
+               op == "Unsqueeze") {
+      const Constant* data = ints(0);
+      if (!data || data->shape.size() > 1) return false;  // float values, or not a shape
+      if (op == "Concat") {
+        for (int i = 0; i < node.input_size(); ++i) {
+          const Constant* part = ints(i);
+          if (!part || part->shape.size() != 1) return false;
+          out.ints.insert(out.ints.end(), part->ints.begin(), part->ints.end());
+        }
+      } else if (op == "Slice") {
+        const Constant *starts = ints(1), *ends = ints(2), *axes = ints(3), *steps = ints(4);
+        if (!starts || !ends || starts->ints.size() != 1 || ends->ints.size() != 1 ||
+            (axes && (axes->ints.size() != 1 || (axes->ints[0] != 0 && axes->ints[0] != -1))) ||
+            (steps && (steps->ints.size() != 1 || steps->ints[0] != 1)))
+          throw std::invalid_argument(where +
+                                      ": a Slice of a shape with one start, end and axis "
+                                      "and step 1 is supported");
+        const auto n = static_cast<std::int64_t>(data->ints.size());
+        const auto clamp = [n](std::int64_t v) {
+          return std::clamp<std::int64_t>(v < 0 ? v + n : v, 0, n);
+        };
+        for (std::int64_t i = clamp(starts->ints[0]); i < clamp(ends->ints[0]); ++i)
+          out.ints.push_back(data->ints[static_cast<std::size_t>(i)]);
+      } else if (op == "Gather") {
+        const Constant* at = ints(1);
+        if (!at || at->shape.size() > 1)
+          throw std::invalid_argument(where +
+                                      ": a Gather of a shape by constant indices of "
+                                      "rank 0 or 1 is supported");
+        const auto n = static_cast<std::int64_t>(data->ints.size());
+        for (std::int64_t i : at->ints) {
+          if (i < -n || i >= n)
+            throw std::invalid_argument(where + ": index " + std::to_string(i) + " of " +
+                                        std::to_string(n) + " values");
+          out.ints.push_back(data->ints[static_cast<std::size_t>(i < 0 ? i + n : i)]);
+        }
+        out.shape = at->shape;
+        constants_[node.output(0)] = out;
+        return true;
+      } else {  // Squeeze or Unsqueeze of a scalar or a vector of one: the values stay
+        out.ints = data->ints;
+        if (op == "Unsqueeze" && data->shape.empty()) {
+          out.shape = {1};
+        } else if (op == "Squeeze" && data->ints.size() == 1) {
+          out.shape = {};
+        } else {
+          throw std::invalid_argument(where + ": " + op + " of a shape of " +
+                                      std::to_string(data->ints.size()) + " values");
+        }
+        constants_[node.output(0)] = out;
+        return true;
+      }
+    } else {
+      return false;
+    }
+    out.shape = {out.ints.size()};
+    constants_[node.output(0)] = out;
+    return true;
   }
 
   // The fewest inputs an operator takes (opsets 13 to 17): its required ones.
@@ -540,6 +716,7 @@ class Importer {
     if (op == "Constant") return 0;
     if (op == "BatchNormalization") return 5;
     if (op == "Slice") return 3;
+    if (op == "Gather") return 2;
     if (op == "Conv" || op == "ConvTranspose" || op == "Gemm" || op == "MatMul" || op == "Add" ||
         op == "Sub" || op == "Mul" || op == "Div" || op == "Pow" || op == "Reshape" ||
         op == "LayerNormalization")
@@ -598,6 +775,70 @@ class Importer {
     return geo;
   }
 
+  ValueId scalar(double v, const std::string& name) {
+    return g_.constant(name, {DType::f32, {1}}, v);
+  }
+
+  // min(max(x, lo), hi) from ReLUs, which give the gradients: lo + relu(x - lo), then
+  // hi - relu(hi - that).
+  ValueId clip(ValueId x, std::optional<double> lo, std::optional<double> hi,
+               const std::string& name) {
+    ValueId y = x;
+    if (lo) {
+      y = *lo == 0 ? g_.relu(y, name + ".lo")
+                   : g_.binary(BinaryFn::add,
+                               g_.relu(g_.binary(BinaryFn::sub, y, scalar(*lo, name + ".min"),
+                                                 name + ".over_min"),
+                                       name + ".lo_relu"),
+                               scalar(*lo, name + ".min_back"), name + ".lo");
+    }
+    if (hi) {
+      const ValueId top = scalar(*hi, name + ".max");
+      y = g_.binary(
+          BinaryFn::sub, top,
+          g_.relu(g_.binary(BinaryFn::sub, top, y, name + ".under_max"), name + ".hi_relu"), name);
+    }
+    return y;
+  }
+
+  // Gather of constant indices (a class token x[:, 0], an embedding of fixed positions): runs
+  // of consecutive indices as slices along the axis, joined, shaped as ONNX says:
+  // data.shape[:axis] + indices.shape + data.shape[axis + 1:].
+  ValueId gather(const onnx::NodeProto& node, const std::string& name, const std::string& where) {
+    const auto c = constants_.find(node.input(1));
+    if (c == constants_.end() || c->second.is_float)
+      throw std::invalid_argument(where +
+                                  ": Gather with indices computed by the graph or taken from "
+                                  "the data (an embedding of token ids) is not supported; "
+                                  "constant int64 indices are (x[:, 0], a fixed position table)");
+    const Constant indices = c->second;  // a copy: value() below may add constants
+    const ValueId x = value(node.input(0), where);
+    const Shape shape = g_.info(x).shape;
+    const std::size_t a = axis(int_attr(node, "axis", 0), shape.size(), where);
+    const auto dim = static_cast<std::int64_t>(shape[a]);
+    std::vector<std::size_t> at;
+    for (std::int64_t i : indices.ints) {
+      if (i < -dim || i >= dim)
+        throw std::invalid_argument(where + ": index " + std::to_string(i) + " of an axis of " +
+                                    std::to_string(dim));
+      at.push_back(static_cast<std::size_t>(i < 0 ? i + dim : i));
+    }
+    if (at.empty()) throw std::invalid_argument(where + ": no indices");
+    std::vector<ValueId> parts;
+    for (std::size_t b = 0; b < at.size();) {
+      std::size_t e = b + 1;
+      while (e < at.size() && at[e] == at[e - 1] + 1) ++e;
+      parts.push_back(
+          g_.slice(x, a, at[b], at[e - 1] + 1, name + ".run" + std::to_string(parts.size())));
+      b = e;
+    }
+    const ValueId joined = parts.size() == 1 ? parts[0] : g_.concat(parts, a, name + ".join");
+    Shape out(shape.begin(), shape.begin() + static_cast<std::ptrdiff_t>(a));
+    out.insert(out.end(), indices.shape.begin(), indices.shape.end());
+    out.insert(out.end(), shape.begin() + static_cast<std::ptrdiff_t>(a) + 1, shape.end());
+    return g_.reshape(joined, out, name);
+  }
+
   // x [n, c, ...] (op) v [c], as a per-channel scale or shift.
   ValueId channel(BinaryFn fn, ValueId x, ValueId v, const std::string& name) {
     Shape s(g_.info(x).shape.size(), 1);
@@ -612,6 +853,8 @@ class Importer {
   const std::string path_;
   std::map<std::string, Constant> constants_;
   std::set<std::string> trained_;
+  std::set<std::string> fused_sigmoids_;        // Sigmoid outputs made as part of a SiLU
+  std::map<std::string, std::string> silu_of_;  // a SiLU's Mul output -> its input
   std::map<std::string, ValueId> values_;
 };
 

@@ -19,6 +19,10 @@ struct ModelOptions {
   // efficientnetv2_s). Models with a fixed geometry (hae) reject other shapes.
   std::vector<std::size_t> sample_shape;
   std::size_t classes = 10;
+  // An ONNX model's loss: "auto" (from its output's shape), "cross-entropy", "mse" or "l1",
+  // and one sample's targets as the data holds them (empty: unknown, e.g. in a compile).
+  std::string loss = "auto";
+  std::vector<std::size_t> target_shape;
   std::vector<std::size_t> hidden = {128};  // mlp: widths of the hidden layers
   double learning_rate = 0.05;
   OptimizerOptions optimizer;       // default: plain SGD at learning_rate

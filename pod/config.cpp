@@ -148,6 +148,15 @@ void validate(const TrainConfig& c, int world_size) {
                      std::to_string(c.world_size()) + " ipupod train ...`");
 }
 
+void validate_loss(const TrainConfig& c) {
+  if (c.loss != "auto" && c.loss != "cross-entropy" && c.loss != "mse" && c.loss != "l1")
+    throw UsageError("--loss must be auto, cross-entropy, mse or l1, got '" + c.loss + "'");
+  if (c.loss != "auto" && !models::is_onnx_model(c.model))
+    throw UsageError("--loss " + c.loss + ": the zoo's model '" + c.model +
+                     "' is trained on its own loss (see `ipupod info --model " + c.model +
+                     "`); --loss chooses an ONNX model's loss: drop it");
+}
+
 void validate_job(const TrainConfig& c) {
   validate_counts(c);
   const auto finite_in = [](double v, double min, double max, const char* option) {
@@ -166,6 +175,7 @@ void validate_job(const TrainConfig& c) {
     throw UsageError("--shuffle-window " + std::to_string(c.shuffle_window) +
                      " shuffles in windows, --no-shuffle reads in file order; drop one of them");
   validate_model_name(c.model);
+  validate_loss(c);
   try {
     ipu::ArchPreset::get(c.arch);
   } catch (const std::invalid_argument& e) {
@@ -248,6 +258,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"momentum", c.momentum},
           {"weight_decay", c.weight_decay},
           {"lr_schedule", c.lr_schedule},
+          {"loss", c.loss},
           {"warmup_steps", c.warmup_steps},
           {"clip_norm", c.clip_norm},
           {"precision", c.precision},
@@ -291,6 +302,7 @@ std::vector<std::string> resume_differences(const TrainConfig& c, const nlohmann
                                        "momentum",
                                        "weight_decay",
                                        "lr_schedule",
+                                       "loss",
                                        "warmup_steps",
                                        "clip_norm",
                                        "precision",
@@ -304,10 +316,10 @@ std::vector<std::string> resume_differences(const TrainConfig& c, const nlohmann
   // are referred to, never copied (a deeply nested one would overflow the stack).
   // Settings added after checkpoints were first written, as an older record ran them:
   // checkpoints from before the windowed shuffle shuffled whole splits (window 0), those from
-  // before --split-at named no blocks.
+  // before --split-at named no blocks, those from before --loss took the automatic loss.
   static const nlohmann::json kAbsent;
   static const std::map<std::string_view, nlohmann::json> kLater = {
-      {"shuffle_window", 0}, {"split_at", nlohmann::json::array()}};
+      {"shuffle_window", 0}, {"split_at", nlohmann::json::array()}, {"loss", "auto"}};
   const bool object = saved.is_object();
   std::vector<std::string> differences;
   for (const char* key : kFixed) {

@@ -57,8 +57,10 @@ struct TrainConfig {
   double momentum = 0.9;                 // sgd_momentum
   double weight_decay = 0;               // L2 (sgd, sgd_momentum, adam) or decoupled (adamw)
   std::string lr_schedule = "constant";  // or step (x0.1 every quarter of the run), cosine
-  std::size_t warmup_steps = 0;          // optimizer steps of linear warm-up
-  double clip_norm = 0;                  // global L2 norm to clip gradients to (0: no clipping)
+  // An ONNX model's loss: auto (from its output's shape), cross-entropy, mse or l1.
+  std::string loss = "auto";
+  std::size_t warmup_steps = 0;  // optimizer steps of linear warm-up
+  double clip_norm = 0;          // global L2 norm to clip gradients to (0: no clipping)
   // fp32, or fp16: parameters and most activations stored as float16 (see compile_for_ipu),
   // gradient accumulators and optimizer state float32.
   std::string precision = "fp32";
@@ -97,6 +99,8 @@ struct TrainConfig {
 
 // A zoo model's name or an existing ONNX file (FILE.onnx); throws UsageError listing the zoo.
 void validate_model_name(const std::string& model);
+// --loss: one of auto, cross-entropy, mse, l1, and only for an ONNX model.
+void validate_loss(const TrainConfig& config);
 // The counts of a run and their products (samples per host step, 1 + replicas x stages ranks)
 // are at least 1 and at most kMaxCount; throws UsageError naming the options.
 void validate_counts(const TrainConfig& config);

@@ -9,12 +9,18 @@ for --torchvision and --efficientnet-v2-blocks, python3-torchvision.
       --fixture tests/models/onnx   # also the inputs and PyTorch's outputs, for the tests
   scripts/export_pytorch_model.py --efficientnet-v2-blocks --classes 1 --input-shape 3,32,32 \\
       --out effv2_blocks.onnx --fixture tests/models/onnx
-  scripts/export_pytorch_model.py --upsampling --input-shape 1,16,16 --out upsampling.onnx \
+  scripts/export_pytorch_model.py --upsampling --input-shape 1,16,16 --out upsampling.onnx \\
       --fixture tests/models/onnx
-  scripts/export_pytorch_model.py --attention --input-shape 1,8,8 --out attention.onnx \
+  scripts/export_pytorch_model.py --attention --input-shape 1,8,8 --out attention.onnx \\
       --fixture tests/models/onnx
-  scripts/export_pytorch_model.py --attention --input-shape 1,8,8 --opset 17 \
+  scripts/export_pytorch_model.py --attention --input-shape 1,8,8 --opset 17 \\
       --out attention_opset17.onnx --fixture tests/models/onnx
+  scripts/export_pytorch_model.py --mobile --input-shape 3,8,8 --out mobile.onnx \\
+      --fixture tests/models/onnx
+  scripts/export_pytorch_model.py --autoencoder --input-shape 1,8,8 --out autoencoder.onnx \\
+      --fixture tests/models/onnx
+  scripts/export_pytorch_model.py --efficientnet-v2-s-width 0.0625 --classes 1 \\
+      --input-shape 3,32,32 --out effv2s_w00625.onnx --fixture tests/models/onnx
 
 The model is exported as it trains on an IPU: BatchNormalization kept as its own node with its
 running statistics (not folded into the convolution), Dropout left out (inference form), a
@@ -116,7 +122,77 @@ class Attention(nn.Module):
         return self.head(nn.functional.gelu(pooled, approximate="tanh"))
 
 
+class Mobile(nn.Module):
+    """MobileNetV3's pieces at a small size: HardSwish, a depthwise convolution with ReLU6 (ONNX
+    Clip), a squeeze-and-excitation gate with HardSigmoid, then the positions as tokens with an
+    embedding of fixed positions (Gather of a parameter) and picked tokens (Gather of
+    activations: the first, the last, three others) pooled for the head."""
+
+    def __init__(self, in_channels=3, size=16, classes=10):
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8),
+            nn.Hardswish())
+        self.depthwise = nn.Sequential(
+            nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.BatchNorm2d(8), nn.ReLU6())
+        self.gate = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(8, 4, 1), nn.ReLU(),
+                                  nn.Conv2d(4, 8, 1), nn.Hardsigmoid())
+        self.project = nn.Conv2d(8, 16, 1)
+        tokens = (size // 2) ** 2
+        self.position = nn.Embedding(tokens, 16)
+        self.register_buffer("positions", torch.arange(tokens), persistent=False)
+        self.head = nn.Linear(48, classes)
+
+    def forward(self, x):
+        x = self.depthwise(self.stem(x))
+        x = self.project(x * self.gate(x))
+        t = x.flatten(2).transpose(1, 2) + self.position(self.positions)  # [n, tokens, 16]
+        picked = t[:, [1, 2, 5]].mean(dim=1)
+        return self.head(torch.cat([t[:, 0] + t[:, -1], picked, t.mean(dim=1)], dim=-1))
+
+
+class Autoencoder(nn.Module):
+    """A field's autoencoder, as the climate compressors are: strided convolutions down to a
+    code, transposed convolutions back to the input's shape (train it with --loss mse)."""
+
+    def __init__(self, in_channels=1):
+        super().__init__()
+        self.encode = nn.Sequential(
+            nn.Conv2d(in_channels, 8, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(8, 4, 3, stride=2, padding=1))
+        self.decode = nn.Sequential(
+            nn.ConvTranspose2d(4, 8, 3, stride=2, padding=1, output_padding=1), nn.ReLU(),
+            nn.ConvTranspose2d(8, in_channels, 3, stride=2, padding=1, output_padding=1))
+
+    def forward(self, x):
+        return self.decode(self.encode(x))
+
+
+def efficientnet_v2_s(classes, width):
+    """torchvision's efficientnet_v2_s, every block, with its channels scaled by `width` (1: the
+    full model, 21.5 M parameters with 1000 classes); classes=1 gives the conductivity paper's
+    regression head (arXiv 2404.10730), as the zoo's efficientnetv2_s has it."""
+    from functools import partial
+    from torchvision.models.efficientnet import EfficientNet, _efficientnet_conf
+    blocks, last = _efficientnet_conf("efficientnet_v2_s")
+    scaled = lambda c: max(4, int(round(c * width)))  # noqa: E731
+    for b in blocks:
+        b.input_channels, b.out_channels = scaled(b.input_channels), scaled(b.out_channels)
+    model = EfficientNet(blocks, dropout=0.2, stochastic_depth_prob=0.2, num_classes=classes,
+                         last_channel=scaled(last), norm_layer=partial(nn.BatchNorm2d, eps=1e-3))
+    if classes == 1:  # the conductivity paper's head: Linear(1280 -> 320), Linear(320 -> 1)
+        model.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(scaled(last), scaled(320)),
+                                         nn.Linear(scaled(320), 1))
+    return model
+
+
 def build(args, shape):
+    if args.mobile:
+        return Mobile(shape[0], shape[1], args.classes)
+    if args.autoencoder:
+        return Autoencoder(shape[0])
+    if args.efficientnet_v2_s_width:
+        return efficientnet_v2_s(args.classes, args.efficientnet_v2_s_width)
     if args.attention:
         return Attention(shape[0] * shape[1], shape[2], classes=args.classes)
     if args.upsampling:
@@ -146,6 +222,13 @@ def main():
                        "sample's rows (of every channel)")
     which.add_argument("--upsampling", action="store_true",
                        help="a small down-and-up network with transposed convolutions")
+    which.add_argument("--mobile", action="store_true",
+                       help="a small network of MobileNetV3's pieces (HardSwish, ReLU6, "
+                       "HardSigmoid) with a fixed-position embedding and picked tokens (Gather)")
+    which.add_argument("--autoencoder", action="store_true",
+                       help="a small convolutional autoencoder: its output is the input's shape")
+    which.add_argument("--efficientnet-v2-s-width", type=float,
+                       help="torchvision's efficientnet_v2_s, its channels scaled (1: full size)")
     which.add_argument("--cnn-width", type=float, default=1.0,
                        help="the zoo's CNN with its channels scaled (default; 1.0: full size)")
     parser.add_argument("--input-shape", default="1,28,28", help="one sample: C,H,W")

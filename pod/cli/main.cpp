@@ -64,6 +64,12 @@ CLI::Option* add_model_options(CLI::App& app, TrainConfig& c) {
                  "`ipupod info --model` lists the layers, e.g. layer3,layer4) that begin stages "
                  "1, 2, ...; --stages minus one of them, in graph order")
       ->delimiter(',');
+  app.add_option("--loss", c.loss,
+                 "An ONNX model's loss: auto (softmax cross entropy for a [N, classes] output, "
+                 "mean absolute error for [N, 1]), cross-entropy, mse or l1 (against the data's "
+                 "targets: values, images, or a field and its mask)")
+      ->check(CLI::IsMember({"auto", "cross-entropy", "mse", "l1"}))
+      ->capture_default_str();
   app.add_option("--available-memory-proportion", c.available_memory_proportion,
                  "Share of each tile's memory the planners may give one matmul, convolution or "
                  "pooling (Poplar's availableMemoryProportion): lower trades speed for memory")

@@ -15,6 +15,8 @@ models::ModelOptions model_options(const TrainConfig& config, const DataShape& d
   options.micro_batch = config.micro_batch;
   options.sample_shape = data.sample_shape;
   options.classes = data.classes;
+  options.target_shape = data.target_shape;
+  options.loss = config.loss;
   options.hidden = config.hidden;
   options.learning_rate = config.learning_rate;
   options.width = config.width;

@@ -18,6 +18,7 @@ struct DataShape {
   std::vector<std::size_t> sample_shape;  // empty: the model's own
   std::size_t classes = 10;
   std::size_t train_steps = 1;
+  std::vector<std::size_t> target_shape;  // one sample's targets; empty: not known (compile)
 };
 
 // The model options of a job: the same on the host (which builds the evaluation model to learn

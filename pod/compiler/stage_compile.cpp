@@ -25,7 +25,7 @@ namespace {
 
 // What `ipupod compile` knows of the data: the sample shape and classes it was given.
 DataShape compile_data(const CompileConfig& c) {
-  return {c.sample_shape, c.classes, 1};
+  return {c.sample_shape, c.classes, 1, {}};
 }
 
 // How often a compile says where it stands.
@@ -100,6 +100,7 @@ void validate(const CompileConfig& c) {
                        std::to_string(static_cast<int>(kMaxModelMultiplier)) + "], got " +
                        std::to_string(value));
   validate_model_name(c.train.model);
+  validate_loss(c.train);
   try {
     ipu::ArchPreset::get(c.train.arch);
   } catch (const std::invalid_argument& e) {

@@ -224,6 +224,7 @@ void HostRole::open_data() {
   // The evaluation model (built here only to learn its task and shapes) says how the data
   // must look and how its outputs are scored; a classifier's class count comes from the data.
   startup_.sample_shape = train_->info().inputs.sample_shape;
+  startup_.target_shape = train_->info().targets.sample_shape;
   DataShape probe = startup_.data_shape();
   probe.classes = 2;
   models::ModelOptions options = model_options(c_, probe, false);

@@ -27,6 +27,7 @@ Startup broadcast_startup(const Startup& s, int root, MPI_Comm comm) {
                           {"secret", s.secret},
                           {"sample_shape", s.sample_shape},
                           {"classes", s.classes},
+                          {"target_shape", s.target_shape},
                           {"train_steps", s.train_steps},
                           {"test_steps", s.test_steps},
                           {"resume", s.resume},
@@ -49,6 +50,7 @@ Startup broadcast_startup(const Startup& s, int root, MPI_Comm comm) {
   out.secret = j.at("secret");
   out.sample_shape = j.at("sample_shape").get<std::vector<std::size_t>>();
   out.classes = j.at("classes");
+  out.target_shape = j.at("target_shape").get<std::vector<std::size_t>>();
   out.train_steps = j.at("train_steps");
   out.test_steps = j.at("test_steps");
   out.resume = j.at("resume");

@@ -79,8 +79,9 @@ struct Startup {
   std::string secret;
   std::vector<std::size_t> sample_shape;
   std::size_t classes = 0;
-  std::size_t train_steps = 0;  // host steps per epoch, per replica
-  std::size_t test_steps = 0;   // evaluation micro-batches per replica
+  std::vector<std::size_t> target_shape;  // one sample's targets (labels: empty)
+  std::size_t train_steps = 0;            // host steps per epoch, per replica
+  std::size_t test_steps = 0;             // evaluation micro-batches per replica
   // Resuming: where the checkpoint stands (the next step to run) and what it holds.
   bool resume = false;
   std::size_t resume_epoch = 0, resume_step = 0;  // step within the epoch
@@ -88,7 +89,7 @@ struct Startup {
   std::vector<std::uint64_t> resume_cycles;       // predicted training cycles so far, by kind
   std::map<std::string, std::vector<std::size_t>> resume_shapes;  // tensor name -> shape
 
-  DataShape data_shape() const { return {sample_shape, classes, train_steps}; }
+  DataShape data_shape() const { return {sample_shape, classes, train_steps, target_shape}; }
 };
 
 // Collective over `comm`: root fills `startup`, every rank returns the root's record.

@@ -91,10 +91,13 @@ std::map<std::string, double> TestScores::finish() const {
   switch (task_) {
     case models::Task::classification:
       return {{"test_accuracy", per(static_cast<double>(correct_), samples_)}};
-    case models::Task::reconstruction:
-      return {{"test_mse", per(squared_, cells_)},
-              {"test_psnr_db", psnr_db(range_, per(squared_, cells_))},
-              {"compression_ratio", compression_ratio_}};
+    case models::Task::reconstruction: {
+      std::map<std::string, double> s = {{"test_mse", per(squared_, cells_)},
+                                         {"test_psnr_db", psnr_db(range_, per(squared_, cells_))}};
+      // An imported autoencoder's codes are not known here: no ratio.
+      if (compression_ratio_ > 0) s["compression_ratio"] = compression_ratio_;
+      return s;
+    }
     case models::Task::regression:
       return {{"test_mae", per(absolute_, cells_)},
               {"mean_predictor_mae", per(mean_absolute_, cells_)}};
@@ -121,8 +124,10 @@ std::string TestScores::describe(models::Task task, const std::map<std::string, 
       break;
     case models::Task::reconstruction:
       os << "test PSNR " << std::setprecision(2) << get("test_psnr_db") << " dB (MSE "
-         << std::setprecision(4) << get("test_mse") << ", compression " << std::setprecision(1)
-         << get("compression_ratio") << "x)";
+         << std::setprecision(4) << get("test_mse");
+      if (s.count("compression_ratio"))
+        os << ", compression " << std::setprecision(1) << get("compression_ratio") << "x";
+      os << ")";
       break;
     case models::Task::regression:
       os << "test MAE " << std::setprecision(4) << get("test_mae")

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -78,15 +79,16 @@ void expect_pytorchs_outputs(const std::string& stem, std::size_t input_size) {
 // Five training steps of the fixture from its exported weights on its input lower the loss;
 // set_labels fills the labels (class indices or targets).
 void expect_training_lowers_the_loss(const std::string& stem,
-                                     const std::function<void(Buffer&)>& set_labels) {
+                                     const std::function<void(Buffer&)>& set_labels,
+                                     double learning_rate = 0.01) {
   ModelOptions o;
   o.micro_batch = 2;
-  o.learning_rate = 0.01;
+  o.learning_rate = learning_rate;
   const Model m = build_model(std::string(IPUPOD_ONNX_DIR) + "/" + stem + ".onnx", o);
   Buffer labels = Buffer::zeros(m.graph.info(m.labels));
   set_labels(labels);
   const std::vector<float> losses = training_losses(m, stem + ".input.f32", labels, 5);
-  EXPECT_LT(losses.back(), losses.front()) << stem;
+  EXPECT_LT(losses.back(), losses.front()) << stem << ": " << ::testing::PrintToString(losses);
 }
 
 TEST(OnnxImport, TheExportedCnnKeepsPyTorchsParametersAndNames) {
@@ -174,6 +176,119 @@ TEST(OnnxImport, ATransformerBlockComputesWhatPyTorchComputedAndTrains) {
   EXPECT_EQ(m.parameter_count(), 2698u);  // sum(p.numel()) in PyTorch, printed by the export
   expect_pytorchs_outputs("attention", 2 * 8 * 8);
   expect_training_lowers_the_loss("attention", [](Buffer& b) { b.i = {1, 4}; });
+}
+
+// MobileNetV3's pieces (HardSwish, ReLU6 as Clip, a HardSigmoid gate) and Gathers: a
+// fixed-position embedding (a parameter gathered by constant indices) and picked tokens (x[:, 0],
+// x[:, -1], x[:, [1, 2, 5]]), with the shape arithmetic of x.flatten(2) (Shape, Slice, Concat)
+// folded to constants.
+TEST(OnnxImport, MobileNetPiecesAndGathersComputeWhatPyTorchComputedAndTrain) {
+  const Model m = import(std::string(IPUPOD_ONNX_DIR) + "/mobile.onnx", false);
+  EXPECT_EQ(m.parameter_count(), 1286u);  // sum(p.numel()) in PyTorch, printed by the export
+  expect_pytorchs_outputs("mobile", 2 * 3 * 8 * 8);
+  expect_training_lowers_the_loss("mobile", [](Buffer& b) { b.i = {2, 9}; });
+}
+
+// torchvision's efficientnet_v2_s, all its blocks (Fused-MBConv, MBConv with squeeze and
+// excitation), its channels at 1/16 and the conductivity paper's head (Linear 1280 -> 320 ->
+// 1 at full width; at full width 20,587,729 parameters, as the zoo's efficientnetv2_s).
+TEST(OnnxImport, TorchvisionsEfficientNetV2SComputesWhatPyTorchComputedAndTrains) {
+  const Model m = import(std::string(IPUPOD_ONNX_DIR) + "/effv2s_w00625.onnx", true);
+  EXPECT_EQ(m.parameter_count(), 112632u);  // sum(p.numel()) in PyTorch, printed by the export
+  EXPECT_EQ(m.task, Task::regression);
+  EXPECT_EQ(m.graph.states().size(), 224u);  // 112 batch norms' running mean and variance
+  // SiLU exports as Mul(x, Sigmoid(x)): one SiLU op each (102), the squeeze-and-excitation
+  // gates' Sigmoids (30, which multiply another value) stay.
+  std::map<UnaryFn, std::size_t> unary;
+  for (const Op& op : m.graph.ops())
+    if (op.kind == OpKind::unary && op.phase == Phase::forward)
+      ++unary[static_cast<UnaryFn>(op.i("fn"))];
+  EXPECT_EQ(unary[UnaryFn::silu], 102u);
+  EXPECT_EQ(unary[UnaryFn::sigmoid], 30u);
+  expect_pytorchs_outputs("effv2s_w00625", 2 * 3 * 32 * 32);
+  expect_training_lowers_the_loss(
+      "effv2s_w00625",
+      [](Buffer& b) {
+        b.f = {0.25f, 0.75f};
+      },
+      0.001);
+}
+
+// --loss: an autoencoder's [N, 1, 8, 8] output against target images, or against a field
+// where its mask is 1 when the data's targets are the field and its mask; a vector output
+// against target values; and what each loss cannot take.
+TEST(OnnxImport, TheLossOptionScoresImagesFieldsAndValues) {
+  const std::string ae = std::string(IPUPOD_ONNX_DIR) + "/autoencoder.onnx";
+  const auto build = [&](const std::string& loss, const Shape& targets) {
+    ModelOptions o;
+    o.micro_batch = 2;
+    o.training = false;
+    o.loss = loss;
+    o.target_shape = targets;
+    return build_model(ae, o);
+  };
+  const auto output_and_loss = [](const Model& m, const Buffer& labels) {
+    Interpreter run(m.graph);
+    Buffer x = Buffer::zeros(m.graph.info(m.input));
+    x.f = read_floats(std::string(IPUPOD_ONNX_DIR) + "/autoencoder.input.f32");
+    run.set(m.input, x);
+    run.set(m.labels, labels);
+    run.run({Phase::forward});
+    return std::pair{run.get(m.logits).f, run.get(m.loss).f.at(0)};
+  };
+  // PyTorch's output, then the mean squared error against target images.
+  const Model images = build("mse", {});
+  EXPECT_EQ(images.task, Task::image_to_image);
+  ASSERT_EQ(images.graph.info(images.labels).shape, (Shape{2, 1, 8, 8}));
+  Buffer targets = Buffer::zeros(images.graph.info(images.labels));
+  for (std::size_t i = 0; i < targets.f.size(); ++i) targets.f[i] = 0.01f * static_cast<float>(i);
+  const auto [y, mse] = output_and_loss(images, targets);
+  const std::vector<float> expected =
+      read_floats(std::string(IPUPOD_ONNX_DIR) + "/autoencoder.output.f32");
+  ASSERT_EQ(y.size(), expected.size());
+  double squared = 0;
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    EXPECT_NEAR(y[i], expected[i], 1e-5) << i;
+    squared += std::pow(double{y[i]} - targets.f[i], 2);
+  }
+  EXPECT_NEAR(mse, squared / 128, 1e-5);
+  // A field and its mask (the climate data's [2, 8, 8]): only the cells whose mask is 1 count.
+  for (const std::string loss : {"mse", "l1"}) {
+    const Model field = build(loss, {2, 8, 8});
+    EXPECT_EQ(field.task, Task::reconstruction);
+    ASSERT_EQ(field.graph.info(field.labels).shape, (Shape{2, 2, 8, 8}));
+    Buffer t = Buffer::zeros(field.graph.info(field.labels));
+    double sum = 0, count = 0;
+    for (std::size_t n = 0; n < 2; ++n)
+      for (std::size_t c = 0; c < 64; ++c) {
+        const float value = 0.02f * static_cast<float>(c), mask = (c + n) % 3 == 0 ? 0.f : 1.f;
+        t.f[n * 128 + c] = value;
+        t.f[n * 128 + 64 + c] = mask;
+        const double d = double{y[n * 64 + c]} - value;
+        sum += mask * (loss == "mse" ? d * d : std::abs(d));
+        count += mask;
+      }
+    EXPECT_NEAR(output_and_loss(field, t).second, sum / count, 1e-5) << loss;
+  }
+  // Refused: cross entropy of an image, and an image under the automatic loss.
+  for (const std::string loss : {"cross-entropy", "auto"}) {
+    try {
+      build(loss, {});
+      ADD_FAILURE() << loss << ": expected an error";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("the output 'logits' is [2,1,8,8]"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("--loss mse or l1"), std::string::npos) << e.what();
+    }
+  }
+  // A classifier's [N, classes] output trained on squared errors is a regressor of 10 values.
+  ModelOptions o;
+  o.micro_batch = 2;
+  o.loss = "mse";
+  const Model values = build_model(kCnn, o);
+  EXPECT_EQ(values.task, Task::regression);
+  EXPECT_EQ(values.graph.info(values.labels).shape, (Shape{2, 10}));
+  EXPECT_EQ(values.graph.info(values.labels).dtype, DType::f32);
 }
 
 // The same block exported at opset 17, where each LayerNorm is one LayerNormalization node (its
@@ -345,6 +460,7 @@ TEST(OnnxImport, NodesThatCannotBeReadAsOpset13DefinesThemAreRefused) {
   refused(write_model_with("Pow", {2, 4}, dir), "1 inputs, the operator takes at least 2");
   refused(write_model_with("Squeeze", {2, 4}, dir, 13, {1}), "squeezes axis 1 of size 4, not 1");
   refused(write_model_with("Unsqueeze", {2, 4}, dir), "Unsqueeze needs its axes");
+  refused(write_model_with("Gather", {2, 4}, dir, 13, {5}), "index 5 of an axis of 2");
   // A squeeze of a size-1 axis, and one of every size-1 axis, are what ONNX defines.
   EXPECT_EQ(import(write_model_with("Squeeze", {2, 1, 4}, dir, 13, {1}), true).graph.info(1).shape,
             (Shape{2, 4}));

@@ -359,6 +359,39 @@ TEST_F(PodTrain, HaeOnClimatePatchesImprovesItsPsnrOverTwoStages) {
   EXPECT_FALSE(summary.contains("test_accuracy"));
 }
 
+// A user's own autoencoder exported from PyTorch (tests/models/onnx/autoencoder.onnx, output
+// the input's shape) trains on real climate patches with --loss mse against the field where
+// its mask is 1, scored as the HAE is; without --loss it is bad input saying what to choose,
+// and a zoo model refuses --loss.
+TEST_F(PodTrain, AnOnnxAutoencoderTrainsOnClimateFieldsWithTheLossItIsGiven) {
+  const fs::path climate = dir() / "climate8.h5";
+  const Result convert = run(std::string(IPUPOD_BINARY) + " data climate --out " +
+                             climate.string() + " --patch 8 --stride 8 --max-slices 1");
+  ASSERT_EQ(convert.exit_code, 0) << convert.output;
+  const std::string model = std::string(" --model ") + IPUPOD_ONNX_DIR + "/autoencoder.onnx";
+  const fs::path run_dir = dir() / "onnx-ae";
+  const Result r = run(mpirun(2) + "train" + model + " --loss mse --data " + climate.string() +
+                       " --micro-batch 8 --epochs 3 --optimizer adam --learning-rate 0.01"
+                       " --arch tiny --topology m2000 --run-dir " +
+                       run_dir.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(run_dir / "summary.json");
+  const auto summary = nlohmann::json::parse(in);
+  EXPECT_EQ(summary.at("task"), "reconstruction");
+  EXPECT_EQ(summary.at("config").at("loss"), "mse");
+  EXPECT_FALSE(summary.contains("compression_ratio"));  // an imported model's codes are unknown
+  const auto& epochs = summary.at("epochs");
+  ASSERT_EQ(epochs.size(), 3u);
+  EXPECT_GT(epochs[2].at("test_psnr_db").get<double>(), epochs[0].at("test_psnr_db").get<double>())
+      << r.output;
+  expect_bad_input(run(mpirun(2) + "train" + model + " --data " + climate.string() +
+                       " --micro-batch 8 --arch tiny --run-dir " + (dir() / "ae-auto").string()),
+                   "choose --loss mse or l1");
+  expect_bad_input(run(mpirun(2) + "train --model hae --loss l1 --data " + climate.string() +
+                       " --arch tiny --run-dir " + (dir() / "ae-zoo").string()),
+                   "--loss l1: the zoo's model 'hae' is trained on its own loss");
+}
+
 // A model whose data does not fit its task stops at start-up and says what it needs.
 TEST_F(PodTrain, DataOfTheWrongKindForTheModelIsBadInput) {
   expect_bad_input(run(mpirun(2) + "train --model hae --data " + data().string() +
