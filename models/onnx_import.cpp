@@ -476,12 +476,15 @@ class Importer {
           : exponent == 2
               ? g_.unary(UnaryFn::square, x, name)
               : g_.binary(BinaryFn::mul, g_.unary(UnaryFn::square, x, name + ".square"), x, name);
-    } else if (op == "Softmax") {
+    } else if (op == "Softmax" || op == "LogSoftmax") {
       const ValueId x = in(0);
       const std::size_t rank = g_.info(x).shape.size();
       if (axis(int_attr(node, "axis", -1), rank, where) != rank - 1)
-        throw std::invalid_argument(where + ": Softmax over the last axis is supported");
-      y = g_.softmax(x, name);
+        throw std::invalid_argument(where + ": " + op + " over the last axis is supported");
+      // LogSoftmax as the log of the (max-shifted) softmax: -inf where a probability
+      // underflows float32 (a logit ~87 below the largest).
+      y = op == "Softmax" ? g_.softmax(x, name)
+                          : g_.unary(UnaryFn::log, g_.softmax(x, name + ".softmax"), name);
     } else if (op == "Transpose") {
       const ValueId x = in(0);
       const std::size_t rank = g_.info(x).shape.size();
@@ -616,7 +619,7 @@ class Importer {
       throw std::invalid_argument(
           where + ": operator " + op +
           " is not supported (supported: Conv, ConvTranspose, BatchNormalization, "
-          "Softmax, Transpose, Concat, Split, Squeeze, Unsqueeze, Slice, "
+          "Softmax, LogSoftmax, Transpose, Concat, Split, Squeeze, Unsqueeze, Slice, "
           "ReduceMean, ReduceSum, Sqrt, Exp, Log, Neg, Abs, Erf, Reciprocal, "
           "Pow, LayerNormalization, Gather (constant indices), Shape, "
           "Relu, Sigmoid, Tanh, HardSigmoid, HardSwish, Clip, MaxPool, AveragePool, "

@@ -21,6 +21,8 @@ for --torchvision and --efficientnet-v2-blocks, python3-torchvision.
       --fixture tests/models/onnx
   scripts/export_pytorch_model.py --efficientnet-v2-s-width 0.0625 --classes 1 \\
       --input-shape 3,32,32 --out effv2s_w00625.onnx --fixture tests/models/onnx
+  scripts/export_pytorch_model.py --resnet50-width 0.0625 --input-shape 3,32,32 \\
+      --out resnet50_w00625.onnx --fixture tests/models/onnx
 
 The model is exported as it trains on an IPU: BatchNormalization kept as its own node with its
 running statistics (not folded into the convolution), Dropout left out (inference form), a
@@ -186,7 +188,27 @@ def efficientnet_v2_s(classes, width):
     return model
 
 
+def resnet50(classes, width):
+    """torchvision's resnet50 (its Bottleneck blocks, [3, 4, 6, 3], its module names), the
+    channels of the stem and of every layer scaled by `width` (1: the full model)."""
+    from torchvision.models.resnet import Bottleneck, ResNet
+    model = ResNet(Bottleneck, [3, 4, 6, 3], num_classes=classes)
+    if width == 1:
+        return model
+    scaled = lambda c: max(1, int(round(c * width)))  # noqa: E731
+    model.inplanes = scaled(64)
+    model.conv1 = nn.Conv2d(3, scaled(64), kernel_size=7, stride=2, padding=3, bias=False)
+    model.bn1 = nn.BatchNorm2d(scaled(64))
+    for i, (planes, blocks) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3))):
+        setattr(model, f"layer{i + 1}",
+                model._make_layer(Bottleneck, scaled(planes), blocks, stride=1 if i == 0 else 2))
+    model.fc = nn.Linear(scaled(512) * Bottleneck.expansion, classes)
+    return model
+
+
 def build(args, shape):
+    if args.resnet50_width:
+        return resnet50(args.classes, args.resnet50_width)
     if args.mobile:
         return Mobile(shape[0], shape[1], args.classes)
     if args.autoencoder:
@@ -229,6 +251,8 @@ def main():
                        help="a small convolutional autoencoder: its output is the input's shape")
     which.add_argument("--efficientnet-v2-s-width", type=float,
                        help="torchvision's efficientnet_v2_s, its channels scaled (1: full size)")
+    which.add_argument("--resnet50-width", type=float,
+                       help="torchvision's resnet50, its channels scaled (1: full size)")
     which.add_argument("--cnn-width", type=float, default=1.0,
                        help="the zoo's CNN with its channels scaled (default; 1.0: full size)")
     parser.add_argument("--input-shape", default="1,28,28", help="one sample: C,H,W")

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -212,6 +213,17 @@ TEST(OnnxImport, TorchvisionsEfficientNetV2SComputesWhatPyTorchComputedAndTrains
         b.f = {0.25f, 0.75f};
       },
       0.001);
+}
+
+// torchvision's resnet50 (its Bottleneck blocks and module names), channels at 1/16: the
+// stem's 7x7 convolution and max pool, strided 1x1 downsample branches, 53 batch norms.
+TEST(OnnxImport, TorchvisionsResNet50ComputesWhatPyTorchComputedAndTrains) {
+  const Model m = import(std::string(IPUPOD_ONNX_DIR) + "/resnet50_w00625.onnx", true);
+  EXPECT_EQ(m.parameter_count(), 96782u);  // sum(p.numel()) in PyTorch, printed by the export
+  EXPECT_EQ(m.graph.states().size(), 106u);
+  EXPECT_EQ(m.graph.value(m.graph.parameters().back()).name, "fc.bias");
+  expect_pytorchs_outputs("resnet50_w00625", 2 * 3 * 32 * 32);
+  expect_training_lowers_the_loss("resnet50_w00625", [](Buffer& b) { b.i = {3, 7}; });
 }
 
 // --loss: an autoencoder's [N, 1, 8, 8] output against target images, or against a field
@@ -465,6 +477,30 @@ TEST(OnnxImport, NodesThatCannotBeReadAsOpset13DefinesThemAreRefused) {
   EXPECT_EQ(import(write_model_with("Squeeze", {2, 1, 4}, dir, 13, {1}), true).graph.info(1).shape,
             (Shape{2, 4}));
   fs::remove_all(dir);
+}
+
+// LogSoftmax over the last axis: x - max - log(sum exp(x - max)) of each row.
+TEST(OnnxImport, LogSoftmaxIsEachRowsLogProbabilities) {
+  const fs::path dir = fs::temp_directory_path() / ("ipupod_onnx_ls_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const Model m = import(write_model_with("LogSoftmax", {2, 4}, dir), false);
+  fs::remove_all(dir);
+  Interpreter run(m.graph);
+  Buffer x = Buffer::zeros(m.graph.info(m.input));
+  x.f = {1.f, -2.f, 0.5f, 3.f, -1.f, 0.f, 40.f, 2.f};
+  run.set(m.input, x);
+  run.set(m.labels, Buffer::zeros(m.graph.info(m.labels)));
+  run.run({Phase::forward});
+  const std::vector<float>& got = run.get(m.logits).f;
+  ASSERT_EQ(got.size(), 8u);
+  for (std::size_t r = 0; r < 2; ++r) {
+    const float* row = x.f.data() + 4 * r;
+    const double top = *std::max_element(row, row + 4);
+    double sum = 0;
+    for (std::size_t i = 0; i < 4; ++i) sum += std::exp(row[i] - top);
+    for (std::size_t i = 0; i < 4; ++i)
+      EXPECT_NEAR(got[4 * r + i], row[i] - top - std::log(sum), 1e-5) << r << ", " << i;
+  }
 }
 
 TEST(OnnxImport, AFileThatIsNotAnOnnxModelIsRefused) {
