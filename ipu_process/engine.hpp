@@ -88,6 +88,9 @@ struct EngineOptions {
   // another program (the same step with other loop counts, say) whose variables the plan of
   // the programs that run already lays out. run() refuses them.
   std::vector<std::string> timing_only_programs = {};
+  // Called as the memory plan lays out each tile (tiles done, tiles in all), so that a long
+  // plan can say where it stands; empty: not called.
+  std::function<void(std::size_t, std::size_t)> memory_plan_progress = {};
 };
 
 // One step of the predicted timeline, in cycles since the engine was built.

@@ -571,6 +571,7 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
                              : std::span<const std::uint32_t>());
       std::vector<Item>().swap(per_tile[t - t0]);  // done with this tile
       if (addresses) std::vector<std::uint32_t>().swap(intervals[t - t0]);
+      if (options_.memory_plan_progress) options_.memory_plan_progress(t + 1, arch.tiles);
     }
   }
   // Vertex state and code take their share of each tile, as on hardware.

@@ -171,10 +171,18 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
   const auto engine_start = std::chrono::steady_clock::now();
   // Out of memory allowed: the report of a stage that does not fit is the point. A plan: the
   // same memory layout and cycles as a training rank's engine, without its tile memory.
+  std::function<void(std::size_t, std::size_t)> planned;
+  if (progress)
+    planned = [&](std::size_t done, std::size_t tiles) {
+      if (seconds_since(last_line) < kProgressSeconds) return;
+      say("building the engine: memory plan, " + std::to_string(done) + "/" +
+          std::to_string(tiles) + " tiles laid out");
+    };
   ipu::Engine engine(*compiled.graph, compiled.programs,
                      {.allow_out_of_memory = true,
                       .executable = false,
-                      .timing_only_programs = compiled.timing_only_programs});
+                      .timing_only_programs = compiled.timing_only_programs,
+                      .memory_plan_progress = planned});
   const double engine_seconds = seconds_since(engine_start);
   if (use_engine) use_engine(engine);
 

@@ -43,6 +43,23 @@ TEST(Liveness, DisjointTemporariesShareBytes) {
   EXPECT_EQ(shared.gaps(), 0u);
 }
 
+// The memory plan says where it stands: once per tile laid out, in order, up to every tile.
+TEST(Liveness, TheMemoryPlanReportsEachTileItLaysOut) {
+  Graph g(tiny());
+  Tensor x = g.add_variable(DType::f32, {4096}, "x", MemoryCategory::weight);
+  g.map_linearly(x);
+  Program p;
+  [[maybe_unused]] Tensor y = ops::relu(g, p, x, "y");
+  std::vector<std::pair<std::size_t, std::size_t>> calls;
+  Engine e(g, {{"p", p}}, {.memory_plan_progress = [&](std::size_t done, std::size_t tiles) {
+             calls.emplace_back(done, tiles);
+           }});
+  ASSERT_EQ(calls.size(), tiny().tiles);
+  for (std::size_t i = 0; i < calls.size(); ++i)
+    EXPECT_EQ(calls[i], std::make_pair(i + 1, std::size_t{tiny().tiles}));
+  EXPECT_GT(e.memory().tiles[0].total(), 0u);
+}
+
 TEST(Liveness, ValuesCarriedAroundALoopStayLive) {
   Graph g(tiny());
   Tensor acc = g.add_variable(DType::f32, {256}, "acc");
