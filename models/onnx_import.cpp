@@ -97,6 +97,7 @@ class Importer {
       constants_.emplace(t.name(), read_tensor(t, "initializer"));
     find_parameters(graph);
     find_silus(graph);
+    if (graph.output_size() == 1) output_name_ = graph.output(0).name();
     make_input(graph);
     for (const auto& node : graph.node()) lower(node);
     if (graph.output_size() != 1)
@@ -118,6 +119,8 @@ class Importer {
   void make_loss(const std::string& output) {
     const Shape logits = g_.info(m_.logits).shape;
     const std::string loss = o_.loss.empty() ? "auto" : o_.loss;
+    if (loss != "auto" && loss != "cross-entropy" && loss != "mse" && loss != "l1")
+      throw std::invalid_argument("loss '" + loss + "': auto, cross-entropy, mse or l1");
     const std::string n = std::to_string(o_.micro_batch);
     const std::string is =
         "'" + path_ + "': the output '" + output + "' is " + shape_str(logits) + "; ";
@@ -134,6 +137,8 @@ class Importer {
       m_.loss = nn::cross_entropy(b_, m_.logits, m_.labels);
       return;
     }
+    if (output_log_softmax_)  // scored on its values: made after all
+      m_.logits = log_softmax(m_.logits, output + ".log_softmax");
     if (loss == "auto" && !vector)
       throw std::invalid_argument(is + "--loss auto reads a classifier's [" + n +
                                   ", classes] or a regressor's [" + n +
@@ -231,7 +236,12 @@ class Importer {
   ValueId value(const std::string& name, const std::string& where) {
     if (const auto it = values_.find(name); it != values_.end()) return it->second;
     const auto c = constants_.find(name);
-    if (c == constants_.end() || !c->second.is_float)
+    if (c != constants_.end() && !c->second.is_float)
+      throw std::invalid_argument(where + ": '" + name +
+                                  "' is an int64 constant (shape arithmetic) this operator does "
+                                  "not take; export with fixed shapes (torch.flatten, constants "
+                                  "instead of x.size()) or with constant folding");
+    if (c == constants_.end())
       throw std::invalid_argument(where + ": no float value '" + name + "' computed before");
     const TensorInfo info{DType::f32, c->second.shape};
     const ValueId v = trained_.count(name) ? g_.parameter(name, info, InitKind::fill, 0.0)
@@ -481,10 +491,17 @@ class Importer {
       const std::size_t rank = g_.info(x).shape.size();
       if (axis(int_attr(node, "axis", -1), rank, where) != rank - 1)
         throw std::invalid_argument(where + ": " + op + " over the last axis is supported");
-      // LogSoftmax as the log of the (max-shifted) softmax: -inf where a probability
-      // underflows float32 (a logit ~87 below the largest).
-      y = op == "Softmax" ? g_.softmax(x, name)
-                          : g_.unary(UnaryFn::log, g_.softmax(x, name + ".softmax"), name);
+      if (op == "Softmax") {
+        y = g_.softmax(x, name);
+      } else if (node.output(0) == output_name_ && rank == 2) {
+        // A classifier's LogSoftmax output (for PyTorch's NLLLoss): softmax cross entropy of
+        // the logits is the same loss, so it is left for make_loss to add only when another
+        // loss scores its values.
+        y = x;
+        output_log_softmax_ = true;
+      } else {
+        y = log_softmax(x, name);
+      }
     } else if (op == "Transpose") {
       const ValueId x = in(0);
       const std::size_t rank = g_.info(x).shape.size();
@@ -778,6 +795,12 @@ class Importer {
     return geo;
   }
 
+  // LogSoftmax as the log of the (max-shifted) softmax: -inf where a probability underflows
+  // float32 (a logit ~87 below the largest), and then a NaN gradient there.
+  ValueId log_softmax(ValueId x, const std::string& name) {
+    return g_.unary(UnaryFn::log, g_.softmax(x, name + ".softmax"), name);
+  }
+
   ValueId scalar(double v, const std::string& name) {
     return g_.constant(name, {DType::f32, {1}}, v);
   }
@@ -856,7 +879,9 @@ class Importer {
   const std::string path_;
   std::map<std::string, Constant> constants_;
   std::set<std::string> trained_;
-  std::set<std::string> fused_sigmoids_;        // Sigmoid outputs made as part of a SiLU
+  std::string output_name_;               // the graph's one output
+  bool output_log_softmax_ = false;       // it is a LogSoftmax, not yet applied (see make_loss)
+  std::set<std::string> fused_sigmoids_;  // Sigmoid outputs made as part of a SiLU
   std::map<std::string, std::string> silu_of_;  // a SiLU's Mul output -> its input
   std::map<std::string, ValueId> values_;
 };

@@ -119,6 +119,7 @@ void print_info(const InfoRequest& r, std::ostream& out) {
   if (!r.model.empty()) {
     models::ModelOptions options;
     options.micro_batch = 1;  // each model's own default sample shape and full size
+    options.loss = r.loss;
     out << models::build_model(r.model, options).summary() << "  (shown for micro-batch 1)\n";
   }
   if (brief) print_arch_table(out);

@@ -8,9 +8,10 @@
 namespace ipupod::pod {
 
 struct InfoRequest {
-  std::string arch;      // details of one preset, with sources
-  std::string topology;  // layout of one topology
-  std::string model;     // layer summary of one model
+  std::string arch;           // details of one preset, with sources
+  std::string topology;       // layout of one topology
+  std::string model;          // layer summary of one model
+  std::string loss = "auto";  // an ONNX model's --loss (an image or field output needs one)
   bool codelets = false;
   bool models = false;
   bool json = false;        // all of it as one JSON object (for scripts such as ipupod-run)

@@ -500,6 +500,11 @@ int main(int argc, char** argv) {
   info->add_option("--arch", info_request.arch, "Show one architecture preset and its sources");
   info->add_option("--topology", info_request.topology, "Show one topology's layout and links");
   info->add_option("--model", info_request.model, "Show one model's layers and parameters");
+  info->add_option("--loss", info_request.loss,
+                   "An ONNX model's loss, as train takes it (an image or field output needs mse "
+                   "or l1)")
+      ->check(CLI::IsMember({"auto", "cross-entropy", "mse", "l1"}))
+      ->capture_default_str();
   info->add_flag("--codelets", info_request.codelets, "List the codelets");
   info->add_flag("--models", info_request.models, "List the models");
   info->add_flag("--json", info_request.json,

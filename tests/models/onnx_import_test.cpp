@@ -469,13 +469,23 @@ TEST(OnnxImport, NodesThatCannotBeReadAsOpset13DefinesThemAreRefused) {
 }
 
 // LogSoftmax over the last axis: x - max - log(sum exp(x - max)) of each row.
+// LogSoftmax over the last axis: x - max - log(sum exp(x - max)) of each row when its values
+// are scored (here by squared errors); as a classifier's output under cross entropy it is left
+// out, since softmax cross entropy of the logits is the same loss (and the log of an
+// underflowed probability would give NaN gradients).
 TEST(OnnxImport, LogSoftmaxIsEachRowsLogProbabilities) {
   const fs::path dir = fs::temp_directory_path() / ("ipupod_onnx_ls_" + std::to_string(getpid()));
   fs::create_directories(dir);
-  const Model m = import(write_model_with("LogSoftmax", {2, 4}, dir), false);
+  const std::string path = write_model_with("LogSoftmax", {2, 4}, dir);
+  ModelOptions o;
+  o.micro_batch = 2;
+  o.training = false;
+  o.loss = "mse";
+  const Model scored = build_model(path, o);
+  const Model classifier = import(path, false);
   fs::remove_all(dir);
   const std::vector<float> x = {1.f, -2.f, 0.5f, 3.f, -1.f, 0.f, 40.f, 2.f};
-  const std::vector<float> got = outputs_on(m, x);
+  const std::vector<float> got = outputs_on(scored, x);
   ASSERT_EQ(got.size(), 8u);
   for (std::size_t r = 0; r < 2; ++r) {
     const float* row = x.data() + 4 * r;
@@ -485,6 +495,9 @@ TEST(OnnxImport, LogSoftmaxIsEachRowsLogProbabilities) {
     for (std::size_t i = 0; i < 4; ++i)
       EXPECT_NEAR(got[4 * r + i], row[i] - top - std::log(sum), 1e-5) << r << ", " << i;
   }
+  EXPECT_EQ(classifier.graph.producer(classifier.logits).kind, OpKind::input);
+  EXPECT_EQ(outputs_on(classifier, x), x);  // the logits, scored by softmax cross entropy
+  EXPECT_EQ(classifier.graph.producer(classifier.loss).kind, OpKind::softmax_cross_entropy);
 }
 
 TEST(OnnxImport, AFileThatIsNotAnOnnxModelIsRefused) {
