@@ -119,7 +119,7 @@ class Importer {
   void make_loss(const std::string& output) {
     const Shape logits = g_.info(m_.logits).shape;
     const std::string loss = o_.loss.empty() ? "auto" : o_.loss;
-    if (loss != "auto" && loss != "cross-entropy" && loss != "mse" && loss != "l1")
+    if (std::find(onnx_losses().begin(), onnx_losses().end(), loss) == onnx_losses().end())
       throw std::invalid_argument("loss '" + loss + "': auto, cross-entropy, mse or l1");
     const std::string n = std::to_string(o_.micro_batch);
     const std::string is =
@@ -625,10 +625,8 @@ class Importer {
       for (std::size_t i = 0; i < starts.size(); ++i) {
         const std::size_t a = axis(axes[i], rank, where);
         const auto dim = static_cast<std::int64_t>(g_.info(y).shape[a]);
-        const auto clamp = [dim](std::int64_t v) {
-          return static_cast<std::size_t>(std::clamp<std::int64_t>(v < 0 ? v + dim : v, 0, dim));
-        };
-        const std::size_t b = clamp(starts[i]), e = std::max(clamp(starts[i]), clamp(ends[i]));
+        const auto b = static_cast<std::size_t>(clamped(starts[i], dim)),
+                   e = std::max(b, static_cast<std::size_t>(clamped(ends[i], dim)));
         if (b == e) throw std::invalid_argument(where + ": an empty slice");
         y = g_.slice(y, a, b, e, name + (i ? "." + std::to_string(i) : ""));
       }
@@ -663,11 +661,8 @@ class Importer {
     if (op == "Shape") {
       const Shape& shape = g_.info(value(node.input(0), where)).shape;
       const auto rank = static_cast<std::int64_t>(shape.size());
-      const auto clamp = [rank](std::int64_t v) {
-        return std::clamp<std::int64_t>(v < 0 ? v + rank : v, 0, rank);
-      };
-      const std::int64_t b = clamp(int_attr(node, "start", 0)),
-                         e = clamp(int_attr(node, "end", rank));
+      const std::int64_t b = clamped(int_attr(node, "start", 0), rank),
+                         e = clamped(int_attr(node, "end", rank), rank);
       for (std::int64_t d = b; d < e; ++d)
         out.ints.push_back(static_cast<std::int64_t>(shape[static_cast<std::size_t>(d)]));
     } else if (op == "Concat" || op == "Slice" || op == "Gather" || op == "Squeeze" ||
@@ -689,10 +684,7 @@ class Importer {
                                       ": a Slice of a shape with one start, end and axis "
                                       "and step 1 is supported");
         const auto n = static_cast<std::int64_t>(data->ints.size());
-        const auto clamp = [n](std::int64_t v) {
-          return std::clamp<std::int64_t>(v < 0 ? v + n : v, 0, n);
-        };
-        for (std::int64_t i = clamp(starts->ints[0]); i < clamp(ends->ints[0]); ++i)
+        for (std::int64_t i = clamped(starts->ints[0], n); i < clamped(ends->ints[0], n); ++i)
           out.ints.push_back(data->ints[static_cast<std::size_t>(i)]);
       } else if (op == "Gather") {
         const Constant* at = ints(1);
@@ -700,16 +692,9 @@ class Importer {
           throw std::invalid_argument(where +
                                       ": a Gather of a shape by constant indices of "
                                       "rank 0 or 1 is supported");
-        const auto n = static_cast<std::int64_t>(data->ints.size());
-        for (std::int64_t i : at->ints) {
-          if (i < -n || i >= n)
-            throw std::invalid_argument(where + ": index " + std::to_string(i) + " of " +
-                                        std::to_string(n) + " values");
-          out.ints.push_back(data->ints[static_cast<std::size_t>(i < 0 ? i + n : i)]);
-        }
+        for (std::int64_t i : at->ints)
+          out.ints.push_back(data->ints[index(i, data->ints.size(), "index", where)]);
         out.shape = at->shape;
-        constants_[node.output(0)] = out;
-        return true;
       } else {  // Squeeze or Unsqueeze of a scalar or a vector of one: the values stay
         out.ints = data->ints;
         if (op == "Unsqueeze" && data->shape.empty()) {
@@ -720,13 +705,11 @@ class Importer {
           throw std::invalid_argument(where + ": " + op + " of a shape of " +
                                       std::to_string(data->ints.size()) + " values");
         }
-        constants_[node.output(0)] = out;
-        return true;
       }
     } else {
       return false;
     }
-    out.shape = {out.ints.size()};
+    if (op == "Shape" || op == "Concat" || op == "Slice") out.shape = {out.ints.size()};
     constants_[node.output(0)] = out;
     return true;
   }
@@ -744,13 +727,23 @@ class Importer {
     return 1;
   }
 
-  // An ONNX axis (negative from the end) of a rank-`rank` value.
+  // An ONNX index (negative from the end) into `size` entries: an `what` ("axis", "index")
+  // outside them is an error.
+  static std::size_t index(std::int64_t i, std::size_t size, const std::string& what,
+                           const std::string& where) {
+    const auto n = static_cast<std::int64_t>(size);
+    if (i < -n || i >= n)
+      throw std::invalid_argument(where + ": " + what + " " + std::to_string(i) + " of " +
+                                  std::to_string(size));
+    return static_cast<std::size_t>(i < 0 ? i + n : i);
+  }
+  // An ONNX axis of a rank-`rank` value.
   static std::size_t axis(std::int64_t a, std::size_t rank, const std::string& where) {
-    const std::int64_t r = static_cast<std::int64_t>(rank);
-    if (a < -r || a >= r)
-      throw std::invalid_argument(where + ": axis " + std::to_string(a) + " of a rank-" +
-                                  std::to_string(rank) + " value");
-    return static_cast<std::size_t>(a < 0 ? a + r : a);
+    return index(a, rank, "axis", where);
+  }
+  // A Slice or Shape bound (negative from the end) clamped into [0, size].
+  static std::int64_t clamped(std::int64_t v, std::int64_t size) {
+    return std::clamp<std::int64_t>(v < 0 ? v + size : v, 0, size);
   }
 
   // MatMul as NumPy's: [m, k] x [k, n]; [..., m, k] x [k, n] (a Linear layer on a sequence:
@@ -841,14 +834,8 @@ class Importer {
     const ValueId x = value(node.input(0), where);
     const Shape shape = g_.info(x).shape;
     const std::size_t a = axis(int_attr(node, "axis", 0), shape.size(), where);
-    const auto dim = static_cast<std::int64_t>(shape[a]);
     std::vector<std::size_t> at;
-    for (std::int64_t i : indices.ints) {
-      if (i < -dim || i >= dim)
-        throw std::invalid_argument(where + ": index " + std::to_string(i) + " of an axis of " +
-                                    std::to_string(dim));
-      at.push_back(static_cast<std::size_t>(i < 0 ? i + dim : i));
-    }
+    for (std::int64_t i : indices.ints) at.push_back(index(i, shape[a], "index", where));
     if (at.empty()) throw std::invalid_argument(where + ": no indices");
     std::vector<ValueId> parts;
     for (std::size_t b = 0; b < at.size();) {
@@ -887,6 +874,11 @@ class Importer {
 };
 
 }  // namespace
+
+const std::vector<std::string>& onnx_losses() {
+  static const std::vector<std::string> kLosses = {"auto", "cross-entropy", "mse", "l1"};
+  return kLosses;
+}
 
 bool is_onnx_model(const std::string& name) {
   return name.size() > 5 && name.compare(name.size() - 5, 5, ".onnx") == 0;

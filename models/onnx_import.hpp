@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "models/layers.hpp"
 #include "models/zoo.hpp"
@@ -13,15 +14,24 @@ namespace ipupod::models {
 // Whether a --model names an ONNX file (ends in ".onnx") rather than a zoo model.
 bool is_onnx_model(const std::string& name);
 
+// The losses an ONNX model can be given (ModelOptions::loss, --loss): auto, cross-entropy, mse,
+// l1.
+const std::vector<std::string>& onnx_losses();
+
 // Builds the forward ops of the ONNX model at `path` into m (input, labels, logits, loss):
 // - one data input [N, ...]: N becomes the micro-batch, the rest the sample shape (a different
 //   --sample-shape is an error);
 // - initializers read by Conv, ConvTranspose, Gemm, MatMul and BatchNormalization's scale and
 //   bias become parameters with the exported values, BatchNormalization's running mean and
 //   variance model state (updated in training as PyTorch does), other initializers constants;
-// - the single output is a classifier's logits [N, classes], the loss softmax cross
-//   entropy against int32 labels [N]; or a regressor's value [N, 1], the loss the mean
-//   absolute error against float32 targets [N, 1] (Task::regression).
+// - the single output is scored by ModelOptions::loss against labels shaped as the data's
+//   targets (ModelOptions::target_shape): a classifier's [N, classes] by softmax cross entropy
+//   against int32 labels [N]; [N, values] by the mean absolute or squared error (auto: [N, 1]
+//   by the mean absolute error, Task::regression); [N, C, ...] against images
+//   (Task::image_to_image), or against a field where its mask is 1 when the targets are the
+//   field and its mask [2C, ...] (Task::reconstruction);
+// - Mul(x, Sigmoid(x)) is one SiLU op; shape arithmetic (Shape and the Slice, Concat, Gather,
+//   Squeeze, Unsqueeze of shapes) is folded to constants.
 // An operator or attribute it cannot map is a std::invalid_argument naming the node, its
 // operator and its inputs' shapes.
 void build_onnx(Model& m, Builder& b, const ModelOptions& o, const std::string& path);

@@ -1,6 +1,7 @@
 // Validation of the training configuration with messages a user can act on.
 #include "pod/config.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -149,7 +150,8 @@ void validate(const TrainConfig& c, int world_size) {
 }
 
 void validate_loss(const TrainConfig& c) {
-  if (c.loss != "auto" && c.loss != "cross-entropy" && c.loss != "mse" && c.loss != "l1")
+  const auto& losses = models::onnx_losses();
+  if (std::find(losses.begin(), losses.end(), c.loss) == losses.end())
     throw UsageError("--loss must be auto, cross-entropy, mse or l1, got '" + c.loss + "'");
   if (c.loss != "auto" && !models::is_onnx_model(c.model))
     throw UsageError("--loss " + c.loss + ": the zoo's model '" + c.model +

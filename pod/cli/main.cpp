@@ -18,6 +18,7 @@
 #include "datasets/cli.hpp"
 #include "fabric/error.hpp"
 #include "json_text/json_text.hpp"
+#include "models/onnx_import.hpp"
 #include "pod/cli/bench.hpp"
 #include "pod/cli/compile_command.hpp"
 #include "pod/cli/estimate_command.hpp"
@@ -68,7 +69,7 @@ CLI::Option* add_model_options(CLI::App& app, TrainConfig& c) {
                  "An ONNX model's loss: auto (softmax cross entropy for a [N, classes] output, "
                  "mean absolute error for [N, 1]), cross-entropy, mse or l1 (against the data's "
                  "targets: values, images, or a field and its mask)")
-      ->check(CLI::IsMember({"auto", "cross-entropy", "mse", "l1"}))
+      ->check(CLI::IsMember(ipupod::models::onnx_losses()))
       ->capture_default_str();
   app.add_option("--available-memory-proportion", c.available_memory_proportion,
                  "Share of each tile's memory the planners may give one matmul, convolution or "
@@ -503,7 +504,7 @@ int main(int argc, char** argv) {
   info->add_option("--loss", info_request.loss,
                    "An ONNX model's loss, as train takes it (an image or field output needs mse "
                    "or l1)")
-      ->check(CLI::IsMember({"auto", "cross-entropy", "mse", "l1"}))
+      ->check(CLI::IsMember(ipupod::models::onnx_losses()))
       ->capture_default_str();
   info->add_flag("--codelets", info_request.codelets, "List the codelets");
   info->add_flag("--models", info_request.models, "List the models");
