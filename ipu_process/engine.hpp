@@ -77,7 +77,7 @@ struct Float16Stores {
 
 struct EngineOptions {
   bool allow_out_of_memory = false;  // finish the compile and keep the report instead of failing
-  unsigned threads = 1;              // host threads executing a compute set's vertices
+  unsigned threads = 1;              // host threads executing vertices and laying out tiles
   std::size_t trace_events = 0;      // record the first N timeline events (0: no trace)
   Float16Stores float16_stores = {};
   // false: plan only, as `ipupod compile` needs: the memory plan and report, the tile checks
@@ -88,8 +88,9 @@ struct EngineOptions {
   // another program (the same step with other loop counts, say) whose variables the plan of
   // the programs that run already lays out. run() refuses them.
   std::vector<std::string> timing_only_programs = {};
-  // Called as the memory plan lays out each tile (tiles done, tiles in all), so that a long
-  // plan can say where it stands; empty: not called.
+  // Called as the memory plan lays out the tiles (tiles done, rising to tiles in all), on the
+  // calling thread, so that a long plan can say where it stands; empty: not called. The plan
+  // lays out tiles on `threads` threads (the same layout on any number).
   std::function<void(std::size_t, std::size_t)> memory_plan_progress = {};
 };
 

@@ -1,6 +1,7 @@
 // Engine memory planning: each variable's live range over the programs, a liveness-aware static
 // layout per tile and the memory report; the tile memory block; where a tensor's elements live.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <numeric>
@@ -425,7 +426,6 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
   // at the lowest free offset, its bytes free again after its last step (a linear scan over
   // the step positions): variables never live at the same time share bytes.
   std::vector<std::size_t> used(arch.tiles, 0);
-  std::vector<std::ptrdiff_t> change(steps + 1, 0);  // per step position, of one tile's bytes
   // The five largest of (bytes, variable) pairs, named (a tile can hold thousands of variables).
   const auto largest_of = [&](std::vector<std::pair<std::size_t, VariableId>>& by_size) {
     const std::size_t named = std::min<std::size_t>(by_size.size(), 5);
@@ -441,8 +441,12 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
     return out;
   };
   // Lays out tile t's items (tile_intervals: their intervals' indices, in an engine that runs).
+  // `change`: steps + 1 zeros, the tile's bytes that change at each step position (left zero).
+  // Tiles are laid out on their own: what one writes (its TileMemory, used[t], its intervals'
+  // offsets) no other reads or writes, so the engine's threads take tiles in any order.
   const auto lay_out_tile = [&](unsigned t, const std::vector<Item>& items,
-                                std::span<const std::uint32_t> tile_intervals) {
+                                std::span<const std::uint32_t> tile_intervals,
+                                std::vector<std::ptrdiff_t>& change) {
     // The offsets of an item's intervals once its block is at `offset` of tile t (none where
     // the engine does not run: its items list no intervals).
     const auto place_intervals = [&](const Item& it, std::size_t offset) {
@@ -565,14 +569,27 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
         items.back().block += static_cast<std::uint32_t>(align_up(bytes));
       }
     }
-    for (unsigned t = t0; t < t1; ++t) {
-      lay_out_tile(t, per_tile[t - t0],
-                   addresses ? std::span<const std::uint32_t>(intervals[t - t0])
-                             : std::span<const std::uint32_t>());
-      std::vector<Item>().swap(per_tile[t - t0]);  // done with this tile
-      if (addresses) std::vector<std::uint32_t>().swap(intervals[t - t0]);
-      if (options_.memory_plan_progress) options_.memory_plan_progress(t + 1, arch.tiles);
-    }
+    // The engine's threads take the batch's tiles one at a time as they finish the last, the
+    // calling thread reporting progress; the layouts do not depend on which thread made them.
+    std::atomic<unsigned> next{t0}, done{t0};
+    unsigned reported = t0;
+    pool_->parallel_for(pool_->threads(), [&](std::size_t first, std::size_t end) {
+      std::vector<std::ptrdiff_t> change(steps + 1, 0);
+      for (std::size_t worker = first; worker < end; ++worker)
+        for (unsigned t; (t = next.fetch_add(1)) < t1;) {
+          lay_out_tile(t, per_tile[t - t0],
+                       addresses ? std::span<const std::uint32_t>(intervals[t - t0])
+                                 : std::span<const std::uint32_t>(),
+                       change);
+          std::vector<Item>().swap(per_tile[t - t0]);  // done with this tile
+          if (addresses) std::vector<std::uint32_t>().swap(intervals[t - t0]);
+          const unsigned finished = done.fetch_add(1) + 1;
+          if (first == 0 && options_.memory_plan_progress && finished > reported)
+            options_.memory_plan_progress(reported = finished, arch.tiles);
+        }
+    });
+    if (options_.memory_plan_progress && reported != t1)
+      options_.memory_plan_progress(t1, arch.tiles);
   }
   // Vertex state and code take their share of each tile, as on hardware.
   std::vector<std::set<std::uint16_t>> codelets_on_tile(arch.tiles);

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <thread>
 
 #include "pod/job/protocol.hpp"
 #include "pod/report.hpp"
@@ -44,9 +45,23 @@ int usage_status(const Ranks& ranks, const char* command, const std::function<vo
   std::abort();
 }
 
-int run_compile(const CompileConfig& c, MPI_Comm world) {
+unsigned plan_threads(unsigned asked, MPI_Comm world) {
+  MPI_Comm machine;  // the world's ranks that share this one's memory
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &machine);
+  int here = 1;
+  MPI_Comm_size(machine, &here);
+  MPI_Comm_free(&machine);
+  if (asked != 0) return asked;
+  const unsigned hardware = std::max(1U, std::thread::hardware_concurrency());
+  return std::max(1U, hardware / static_cast<unsigned>(std::max(1, here)));
+}
+
+int run_compile(const CompileConfig& config, MPI_Comm world) {
   const auto [rank, size] = ranks_of(world);
-  if (const int status = usage_status({rank, size}, "compile", [&] { validate(c); })) return status;
+  if (const int status = usage_status({rank, size}, "compile", [&] { validate(config); }))
+    return status;
+  CompileConfig c = config;
+  c.threads = plan_threads(config.threads, world);
   std::vector<std::size_t> stages;
   for (std::size_t s = 0; s < c.train.stages; ++s)
     if (c.only_stages.empty() ||

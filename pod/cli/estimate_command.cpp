@@ -408,10 +408,12 @@ void validate(const EstimateConfig& c) {
   }
 }
 
-int run_estimate(const EstimateConfig& c, MPI_Comm world) {
+int run_estimate(const EstimateConfig& config, MPI_Comm world) {
   const auto [rank, size] = ranks_of(world);
-  if (const int status = usage_status({rank, size}, "estimate", [&] { validate(c); }))
+  if (const int status = usage_status({rank, size}, "estimate", [&] { validate(config); }))
     return status;
+  EstimateConfig c = config;
+  c.compile.threads = plan_threads(config.compile.threads, world);
   const std::string& run_dir = c.compile.train.run_dir;
   const std::vector<Job> jobs = jobs_of(c);
   const std::vector<Unit> units = units_of(c, jobs);

@@ -373,6 +373,12 @@ CLI::Option* add_dataless_options(CLI::App& compile, ipupod::pod::CompileConfig&
   compile.add_option("--seed", c.train.seed, "Seed of weight initialisation")
       ->check(whole_number(0))
       ->capture_default_str();
+  compile
+      .add_option("--threads", c.threads,
+                  "Host threads laying out each stage's tile memory, the same layout on any "
+                  "number (0: the machine's hardware threads, shared among the job's ranks on it)")
+      ->check(whole_number(0, 1024))
+      ->capture_default_str();
   return accumulation;
 }
 

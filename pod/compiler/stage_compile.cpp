@@ -180,6 +180,7 @@ nlohmann::json compile_stage(const CompileConfig& c, std::size_t stage, std::ost
     };
   ipu::Engine engine(*compiled.graph, compiled.programs,
                      {.allow_out_of_memory = true,
+                      .threads = std::max(1U, c.threads),
                       .executable = false,
                       .timing_only_programs = compiled.timing_only_programs,
                       .memory_plan_progress = planned});

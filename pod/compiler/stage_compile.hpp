@@ -25,6 +25,9 @@ struct CompileConfig {
   // Further (gradient accumulation, device iterations) of the training step to compile for
   // timing only (StepShape::timed_steps).
   std::vector<std::pair<std::size_t, std::size_t>> timed_steps;
+  // Host threads laying out a stage's tile memory (the same layout on any number); 0: the
+  // machine's hardware threads, shared among the job's ranks on it (plan_threads).
+  unsigned threads = 0;
 };
 
 // Checks the options on their own; throws UsageError.

@@ -60,6 +60,45 @@ TEST(Liveness, TheMemoryPlanReportsEachTileItLaysOut) {
   EXPECT_GT(e.memory().tiles[0].total(), 0u);
 }
 
+// Tiles are laid out on the engine's threads: one thread or several give every tile the same
+// plan, the same bytes at the same addresses, so a run computes the same values.
+TEST(Liveness, TheMemoryPlanIsTheSameOnAnyNumberOfThreads) {
+  Graph g(tiny());
+  Tensor x = g.add_variable(DType::f32, {16, 512}, "x", MemoryCategory::weight);
+  g.map_linearly(x);
+  g.set_host_access(x);
+  // Temporaries of uneven sizes on every tile, inside and outside a loop, some carried over.
+  Program body, p;
+  Tensor a = ops::relu(g, body, x, "a");
+  Tensor b = ops::binary(g, body, ops::BinaryOp::mul, a, x, "b");
+  Tensor c = ops::add(g, body, ops::relu(g, body, b, "r"), a, "c");
+  ops::scaled_add_in_place(g, body, x, c, 0.25f, "x+=c/4");
+  p.add(Program::repeat(3, body));
+  Tensor tail = ops::slice(g, p, ops::relu(g, p, x, "t"), 1, 0, 96, "tail");
+  Tensor y = ops::add(g, p, tail, ops::relu(g, p, tail, "u"), "y");
+  g.set_host_access(y);
+  std::vector<float> in(16 * 512);
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i % 97) / 50.0f - 0.9f;
+  const auto plan = [&](unsigned threads) {
+    Engine e(g, {{"p", p}}, {.threads = threads});
+    e.write(x, std::as_bytes(std::span(in)));
+    e.run("p");
+    return std::pair{e.memory(), e.read(y)};
+  };
+  const auto [one, one_out] = plan(1);
+  for (unsigned threads : {2U, 3U}) {
+    const auto [many, many_out] = plan(threads);
+    ASSERT_EQ(many.tiles.size(), one.tiles.size());
+    for (std::size_t t = 0; t < one.tiles.size(); ++t) {
+      EXPECT_EQ(many.tiles[t].always_live, one.tiles[t].always_live) << "tile " << t;
+      EXPECT_EQ(many.tiles[t].not_always_live, one.tiles[t].not_always_live) << "tile " << t;
+      EXPECT_EQ(many.tiles[t].peak_live, one.tiles[t].peak_live) << "tile " << t;
+    }
+    EXPECT_EQ(many_out, one_out);
+  }
+  EXPECT_GT(one.busiest().not_always_live, 0u);
+}
+
 TEST(Liveness, ValuesCarriedAroundALoopStayLive) {
   Graph g(tiny());
   Tensor acc = g.add_variable(DType::f32, {256}, "acc");
