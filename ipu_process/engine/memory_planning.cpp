@@ -66,11 +66,18 @@ struct Placement {
 // entry, a column, which keeps the steps its members are live as a bitmap, so that the search
 // tests a column at once. That finds the same offsets as testing its members one by one: after
 // the first that meets, the others end below the search's offset.
+// A column also keeps its steps folded modulo `period` (a micro-batch's slot of the pipeline,
+// which most ranges repeat at): a range whose folded steps miss the column's cannot meet it,
+// which a few words tell where the full bitmaps take one or two words per micro-batch.
 class TileLayout {
  public:
-  // `steps`: past the last step position of any range placed.
-  TileLayout(std::size_t floor, std::size_t steps)
-      : floor_(floor), solid_(floor), words_((steps + 63) / 64) {}
+  // `steps`: past the last step position of any range placed; `period`: the fold (0: none).
+  TileLayout(std::size_t floor, std::size_t steps, std::size_t period)
+      : floor_(floor),
+        solid_(floor),
+        words_((steps + 63) / 64),
+        period_(period),
+        fold_words_((period + 63) / 64) {}
 
   // Places a variable of `bytes` bytes with live range `range` (which must outlive the layout).
   // Variables live for the whole run come first, then by first step.
@@ -92,6 +99,7 @@ class TileLayout {
     auto it = first_at_or_above(solid_ - std::min(solid_, largest));
     const Run only = only_run(range);
     query_.clear();  // the range's steps as bitmap words, made at the first column met
+    folded_query_.clear();
     for (; it != alive_.end(); ++it) {
       const Entry& e = *it;
       if (e.begin >= offset + bytes) break;
@@ -153,6 +161,13 @@ class TileLayout {
   bool meets(const LiveRange& r, const Run& only, const Entry& e) {
     if (e.column >= 0) {
       if (r.whole_run) return true;
+      if (period_ != 0) {
+        if (folded_query_.empty()) folded_query(r);
+        const std::uint64_t* folded = &folds_[e.column * fold_words_];
+        if (std::none_of(folded_query_.begin(), folded_query_.end(),
+                         [&](const auto& q) { return (folded[q.first] & q.second) != 0; }))
+          return false;
+      }
       if (query_.empty()) query(r);
       const std::vector<std::uint64_t>& bits = columns_[e.column];
       return std::any_of(query_.begin(), query_.end(),
@@ -167,16 +182,43 @@ class TileLayout {
     if (e.column < 0) {
       if (free_columns_.empty()) {
         columns_.emplace_back(words_, 0);
+        folds_.resize(folds_.size() + fold_words_, 0);
         e.column = static_cast<std::int32_t>(columns_.size() - 1);
       } else {
         e.column = free_columns_.back();
         free_columns_.pop_back();
         std::fill(columns_[e.column].begin(), columns_[e.column].end(), 0);
+        std::fill_n(folds_.begin() + e.column * fold_words_, fold_words_, 0);
       }
-      set_steps(columns_[e.column], *e.range);
+      add_steps(e.column, *e.range);
     }
-    set_steps(columns_[e.column], r);
+    add_steps(e.column, r);
     ++e.members;
+  }
+  void add_steps(std::int32_t column, const LiveRange& r) {
+    set_steps(columns_[column], r);
+    if (period_ != 0)
+      set_folded(std::span<std::uint64_t>(folds_).subspan(column * fold_words_, fold_words_), r);
+  }
+  // Sets the bits of r's steps modulo period_.
+  void set_folded(std::span<std::uint64_t> bits, const LiveRange& r) const {
+    const auto set = [&](std::size_t a, std::size_t b) {  // [a, b] within a period
+      for (std::size_t w = a / 64; w <= b / 64; ++w) bits[w] |= word_mask(w, a, b);
+    };
+    for (const Run& run : r.runs)
+      for (std::size_t k = 0; k < run.count; ++k) {
+        if (run.length + 1 >= period_) {
+          std::fill(bits.begin(), bits.end(), ~std::uint64_t{0});
+          return;
+        }
+        const std::size_t a = run.segment(k) % period_, b = (run.segment(k) + run.length) % period_;
+        if (a <= b) {
+          set(a, b);
+        } else {
+          set(a, period_ - 1);
+          set(0, b);
+        }
+      }
   }
   // Calls f(w, mask) with the bits of word w of a step bitmap that each segment of r covers.
   template <typename F>
@@ -189,6 +231,13 @@ class TileLayout {
   }
   static void set_steps(std::vector<std::uint64_t>& bits, const LiveRange& r) {
     for_each_word(r, [&](std::size_t w, std::uint64_t mask) { bits[w] |= mask; });
+  }
+  // folded_query_ = the words of r's steps folded modulo period_ that have any.
+  void folded_query(const LiveRange& r) {
+    scratch_.assign(fold_words_, 0);
+    set_folded(scratch_, r);
+    for (std::size_t w = 0; w < fold_words_; ++w)
+      if (scratch_[w] != 0) folded_query_.emplace_back(static_cast<std::uint32_t>(w), scratch_[w]);
   }
   // query_ = the words of r's steps, each word once.
   void query(const LiveRange& r) {
@@ -343,6 +392,10 @@ class TileLayout {
   std::vector<std::vector<std::uint64_t>> columns_;
   std::vector<std::int32_t> free_columns_;
   std::vector<std::pair<std::uint32_t, std::uint64_t>> query_;
+  std::size_t period_, fold_words_;
+  std::vector<std::uint64_t> folds_;  // column c's folded steps: fold_words_ words from c * them
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> folded_query_;
+  std::vector<std::uint64_t> scratch_;
 };
 
 }  // namespace
@@ -380,6 +433,16 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
     for (std::size_t i = 0; i < ranges.size(); ++i)
       ranges[i].runs =
           std::span<const LiveRange::Run>(runs).subspan(begin[i], begin[i + 1] - begin[i]);
+  }
+  // The fold of the columns' steps: the period most runs repeat at.
+  std::size_t period = 0;
+  {
+    std::map<std::size_t, std::size_t> repeats;  // period: runs
+    for (const LiveRange::Run& r : runs)
+      if (r.count > 1) ++repeats[r.period];
+    std::size_t most = 0;
+    for (const auto& [p, n] : repeats)
+      if (n > most) most = n, period = p;
   }
   // A variable's elements on one tile take one block of its memory (as Poplar lays out a
   // variable's tile elements contiguously), each mapping interval from an aligned offset, so
@@ -482,7 +545,7 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
       const std::size_t ba = born(a), bb = born(b);
       return ba != bb ? ba < bb : a->bytes > b->bytes;
     });
-    TileLayout layout(floor, steps);
+    TileLayout layout(floor, steps, period);
     std::vector<Placement> placed;
     placed.reserve(rest.size());
     std::size_t high = floor;
