@@ -283,6 +283,18 @@ std::map<ValueId, ValueId> build_backward(Graph& g, ValueId loss, double loss_sc
         break;  // no output: never reached
     }
   }
+  // A parameter's gradient ends on the parameter's stage, which updates it: the last sum is made
+  // by its first reader, on that stage, but when that reader passes it no gradient (a GAN's
+  // discriminator judging the generator's images with its weights held) the sum ends where a
+  // later reader is; it then comes over as a pipeline transfer.
+  for (ValueId p : g.parameters()) {
+    auto it = grad.find(p);
+    if (it == grad.end()) continue;
+    const int stage = g.producer(p).pipeline_stage;
+    if (g.producer(it->second).pipeline_stage == stage) continue;
+    g.set_stage(stage);
+    it->second = g.reshape(it->second, g.info(p).shape, g.value(p).name + "/grad_to_stage");
+  }
   g.set_phase(saved_phase);
   g.set_stage(saved_stage);
   std::map<ValueId, ValueId> out;

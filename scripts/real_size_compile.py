@@ -5,8 +5,8 @@ beside the emulator's own compile time and peak host memory, as a Markdown table
     real_size_compile.py [--ipupod BIN] [--only SUBSTRING] [--out DIR]
 
 Each configuration is one `ipupod compile` (all its stages in one process; each stage's host
-peak is its own). The goal per stage: at most 60 s, and a host peak of at most twice the
-stage's tile memory + 512 MiB.
+peak is its own), on one thread (`--threads 1`: the goal is for one core). The goal per
+stage: at most 60 s, and a host peak of at most twice the stage's tile memory + 512 MiB.
 """
 import argparse
 import json
@@ -55,7 +55,8 @@ def main():
             continue
         run_dir = out / name.replace(" ", "_").replace("/", "of").replace("--", "")
         start = time.monotonic()
-        done = subprocess.run([args.ipupod, "compile", *options, "--run-dir", str(run_dir)],
+        done = subprocess.run([args.ipupod, "compile", *options, "--threads", "1",
+                               "--run-dir", str(run_dir)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if not (run_dir / "compile.json").is_file():  # a stage that does not fit is no failure
             failed = True

@@ -91,6 +91,33 @@ TEST(Autodiff, GradientsMatchFiniteDifferences) {
   EXPECT_GT(checked, 20u);
 }
 
+// A parameter read on stage 0 with its gradient stopped (a GAN's discriminator judging the
+// generator's images) and read again on stage 1: its gradient ends on stage 0, where the
+// optimizer updates it (the pipeline carries the sum over), and is the later reader's.
+TEST(Autodiff, AParametersGradientEndsOnItsOwnStage) {
+  Graph g;
+  g.set_stage(0);
+  const ValueId x = g.input("x", {DType::f32, {2, 3}});
+  const ValueId w = g.parameter("w", {DType::f32, {3, 3}}, 0.5);
+  const ValueId h = g.matmul(x, g.stop_gradient(w, "w_held"), false, false, "h");
+  g.set_stage(1);
+  const ValueId y = g.matmul(h, w, false, false, "y");
+  const ValueId loss = g.reduce_sum(y, {0, 1}, false, 1.0, "loss");
+  const auto grads = build_backward(g, loss);
+  EXPECT_EQ(g.producer(w).pipeline_stage, 0);
+  EXPECT_EQ(g.producer(grads.at(w)).pipeline_stage, 0);
+  // d loss / d w = h^T 1 (h held): each row i of the gradient is the sum of column i of h.
+  Interpreter in(g, 1);
+  Buffer xb = Buffer::zeros(g.info(x));
+  xb.f = {1, 2, 3, -1, 0, 2};
+  in.set(x, xb);
+  in.run({Phase::forward, Phase::backward});
+  const Buffer hb = in.get(h), gw = in.get(grads.at(w));
+  for (std::size_t i = 0; i < 3; ++i)
+    for (std::size_t j = 0; j < 3; ++j)
+      EXPECT_FLOAT_EQ(gw.f[i * 3 + j], hb.f[i] + hb.f[3 + i]) << i << "," << j;
+}
+
 TEST(Interpreter, SgdStepsLowerTheLossOnAFixedBatch) {
   Fixture f({16});
   Interpreter interp(f.model.graph, 1);
