@@ -640,10 +640,15 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
       std::vector<std::ptrdiff_t> change(steps + 1, 0);
       for (std::size_t worker = first; worker < end; ++worker)
         for (unsigned t; (t = next.fetch_add(1)) < t1;) {
-          lay_out_tile(t, per_tile[t - t0],
-                       addresses ? std::span<const std::uint32_t>(intervals[t - t0])
-                                 : std::span<const std::uint32_t>(),
-                       change);
+          try {
+            lay_out_tile(t, per_tile[t - t0],
+                         addresses ? std::span<const std::uint32_t>(intervals[t - t0])
+                                   : std::span<const std::uint32_t>(),
+                         change);
+          } catch (...) {
+            next = t1;  // the others stop at their tile: the plan has failed
+            throw;
+          }
           std::vector<Item>().swap(per_tile[t - t0]);  // done with this tile
           if (addresses) std::vector<std::uint32_t>().swap(intervals[t - t0]);
           const unsigned finished = done.fetch_add(1) + 1;

@@ -2,6 +2,7 @@
 #include "pod/cli/compile_command.hpp"
 
 #include <malloc.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -52,8 +53,12 @@ unsigned plan_threads(unsigned asked, MPI_Comm world) {
   MPI_Comm_size(machine, &here);
   MPI_Comm_free(&machine);
   if (asked != 0) return asked;
-  const unsigned hardware = std::max(1U, std::thread::hardware_concurrency());
-  return std::max(1U, hardware / static_cast<unsigned>(std::max(1, here)));
+  // The CPUs this process may run on (a Slurm allocation or a cpuset can give it fewer than
+  // the machine has).
+  unsigned cpus = std::max(1U, std::thread::hardware_concurrency());
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) == 0) cpus = std::max(1, CPU_COUNT(&allowed));
+  return std::max(1U, cpus / static_cast<unsigned>(std::max(1, here)));
 }
 
 int run_compile(const CompileConfig& config, MPI_Comm world) {

@@ -27,8 +27,8 @@ int usage_status(const Ranks& ranks, const char* command, const std::function<vo
 [[noreturn]] void abort_command(MPI_Comm world, const char* command, const std::string& what);
 
 // The threads each rank of `world` gives a stage's memory plan (CompileConfig::threads): the
-// `asked` number (--threads), or when it is 0 the hardware threads of the rank's machine
-// divided among the world's ranks on that machine, at least 1. Collective over `world`.
+// `asked` number (--threads), or when it is 0 the CPUs the rank may run on divided among the
+// world's ranks on its machine, at least 1. Collective over `world`.
 unsigned plan_threads(unsigned asked, MPI_Comm world);
 
 }  // namespace ipupod::pod
