@@ -636,25 +636,25 @@ void Engine::allocate_memory(const std::map<std::string, Program>& programs) {
     // calling thread reporting progress; the layouts do not depend on which thread made them.
     std::atomic<unsigned> next{t0}, done{t0};
     unsigned reported = t0;
-    pool_->parallel_for(pool_->threads(), [&](std::size_t first, std::size_t end) {
+    // One call per thread (index 0 on the calling thread), each taking tiles until none is left.
+    pool_->parallel_for(pool_->threads(), [&](std::size_t first, std::size_t) {
       std::vector<std::ptrdiff_t> change(steps + 1, 0);
-      for (std::size_t worker = first; worker < end; ++worker)
-        for (unsigned t; (t = next.fetch_add(1)) < t1;) {
-          try {
-            lay_out_tile(t, per_tile[t - t0],
-                         addresses ? std::span<const std::uint32_t>(intervals[t - t0])
-                                   : std::span<const std::uint32_t>(),
-                         change);
-          } catch (...) {
-            next = t1;  // the others stop at their tile: the plan has failed
-            throw;
-          }
-          std::vector<Item>().swap(per_tile[t - t0]);  // done with this tile
-          if (addresses) std::vector<std::uint32_t>().swap(intervals[t - t0]);
-          const unsigned finished = done.fetch_add(1) + 1;
-          if (first == 0 && options_.memory_plan_progress && finished > reported)
-            options_.memory_plan_progress(reported = finished, arch.tiles);
+      for (unsigned t; (t = next.fetch_add(1)) < t1;) {
+        try {
+          lay_out_tile(t, per_tile[t - t0],
+                       addresses ? std::span<const std::uint32_t>(intervals[t - t0])
+                                 : std::span<const std::uint32_t>(),
+                       change);
+        } catch (...) {
+          next = t1;  // the others stop at their tile: the plan has failed
+          throw;
         }
+        std::vector<Item>().swap(per_tile[t - t0]);  // done with this tile
+        if (addresses) std::vector<std::uint32_t>().swap(intervals[t - t0]);
+        const unsigned finished = done.fetch_add(1) + 1;
+        if (first == 0 && options_.memory_plan_progress && finished > reported)
+          options_.memory_plan_progress(reported = finished, arch.tiles);
+      }
     });
     if (options_.memory_plan_progress && reported != t1)
       options_.memory_plan_progress(t1, arch.tiles);
