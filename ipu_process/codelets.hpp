@@ -71,9 +71,13 @@ struct Codelet {
   std::vector<std::string> sliced = {};
   // The parameters that differ from slice to slice (indices into the parameters).
   std::vector<std::size_t> slice_params = {};
-  // How many parameters open every vertex's list alike within a compute set (a convolution's
-  // geometry): the graph keeps them once per compute set (ComputeSet::heads).
+  // How many parameters, from index `shared_from` on, every vertex's list holds alike within a
+  // compute set (a convolution's geometry, a map's shape and strides): the graph keeps them
+  // once per compute set (ComputeSet::heads). kSharedToEnd: all of them from `shared_from` to
+  // the values of the worker slices (a list whose length varies with the vertices' rank).
+  static constexpr std::size_t kSharedToEnd = SIZE_MAX;
   std::size_t shared_params = 0;
+  std::size_t shared_from = 0;
   std::uint16_t index = 0;        // set by the registry: what a VertexRecord names it by
   std::uint32_t sliced_mask = 0;  // set by the registry: bit f for field f in `sliced`
   std::uint32_t output_mask = 0;  // set by the registry: bit f for field f in `outputs`

@@ -192,8 +192,8 @@ struct VertexRecord {
   std::uint32_t slices = 1;   // worker slices (see Vertex)
   std::uint16_t codelet = 0;  // the codelet's index in the registry (Codelet::index)
   std::uint8_t fields = 0;
-  // Its parameters are its codelet's shared head (ComputeSet::heads) followed by the `params`
-  // at first_param.
+  // Its parameters are the `params` at first_param with its codelet's shared head
+  // (ComputeSet::heads) put in at the codelet's shared_from.
   static constexpr std::uint8_t kHeaded = 1;
   // Its worker slices' parameters step evenly (slice k's value of slice parameter j is slice
   // 0's plus k times a step: a MultiVertex's pieces one after another): its list ends with the
@@ -203,32 +203,43 @@ struct VertexRecord {
 };
 static_assert(sizeof(VertexRecord) == 32);
 
-// A compute set's vertex parameters: float32 while every value is exactly one (sizes, offsets,
-// flags and most factors are), float64 from the first that is not.
+// A compute set's vertex parameters, in the narrowest of three widths that holds every value
+// bit for bit: 16-bit while every value is an integer from 0 to 65535 (sizes, offsets, flags:
+// a convolution's are all so), float32 while every value is one (most factors are), float64
+// from the first that is not. A table only widens.
 class ParamTable {
  public:
-  std::size_t size() const { return wide_ ? doubles_.size() : floats_.size(); }
-  double operator[](std::size_t i) const { return wide_ ? doubles_[i] : floats_[i]; }
-  bool is_float() const { return !wide_; }
-  const std::vector<float>& floats() const { return floats_; }     // while is_float()
-  const std::vector<double>& doubles() const { return doubles_; }  // once not
+  enum class Width : std::uint8_t { u16, f32, f64 };
+  std::size_t size() const {
+    return width_ == Width::u16   ? u16_.size()
+           : width_ == Width::f32 ? floats_.size()
+                                  : doubles_.size();
+  }
+  double operator[](std::size_t i) const {
+    return width_ == Width::u16 ? u16_[i] : width_ == Width::f32 ? floats_[i] : doubles_[i];
+  }
+  Width width() const { return width_; }
+  bool is_float() const { return width_ != Width::f64; }  // held as float32 values or narrower
+  std::size_t bytes() const {
+    return u16_.capacity() * 2 + floats_.capacity() * 4 + doubles_.capacity() * 8;
+  }
+  const std::vector<double>& doubles() const { return doubles_; }  // once Width::f64
   void append(std::span<const double> values);
   // Whether values [at, at + values.size()) hold `values`, bit for bit.
   bool holds(std::size_t at, std::span<const double> values) const;
   void shrink_to_fit() {
+    u16_.shrink_to_fit();
     floats_.shrink_to_fit();
     doubles_.shrink_to_fit();
   }
-  void clear() {
-    std::vector<float>().swap(floats_);
-    std::vector<double>().swap(doubles_);
-    wide_ = false;
-  }
+  void clear() { *this = ParamTable(); }
 
  private:
+  void widen(Width to);
+  std::vector<std::uint16_t> u16_;
   std::vector<float> floats_;
   std::vector<double> doubles_;
-  bool wide_ = false;
+  Width width_ = Width::u16;
 };
 
 struct ComputeSet {
@@ -239,11 +250,12 @@ struct ComputeSet {
   std::vector<std::uint32_t> field_ends;
   std::vector<RegionEntry> entries;
   ParamTable params;
-  // The parameters that open the lists of a codelet's vertices (Codelet::shared_params), as the
-  // first of its vertices with that many parameters has them (a convolution's geometry): kept
-  // once, at `begin`, for the vertices whose lists open alike.
+  // The parameters a codelet's vertices share (Codelet::shared_params), as the first of its
+  // vertices with that many has them (a convolution's geometry): kept once, `length` values at
+  // `begin`, for the vertices whose lists hold them alike (at the codelet's shared_from).
   struct Head {
     std::uint16_t codelet = 0;
+    std::uint16_t length = 0;
     std::uint32_t begin = 0;
   };
   std::vector<Head> heads;

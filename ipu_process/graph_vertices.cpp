@@ -229,15 +229,29 @@ void Graph::add_vertex(ComputeSetId cs_id, const Vertex& vertex) {
       list = stepped;
       record.flags |= VertexRecord::kStepped;
     }
-    if (const std::size_t k = codelet.shared_params; k > 0 && list.size() >= k) {
+    // The values after the base list: each later slice's, or the steps.
+    const std::size_t p = codelet.slice_params.size(), from = codelet.shared_from;
+    const std::size_t slice_values = vertex.slices <= 1 ? 0
+                                     : (record.flags & VertexRecord::kStepped) != 0
+                                         ? p
+                                         : (vertex.slices - 1) * p;
+    std::size_t k = codelet.shared_params;
+    if (k == Codelet::kSharedToEnd)
+      k = list.size() >= slice_values + from ? list.size() - slice_values - from : 0;
+    if (k > 0 && k <= UINT16_MAX && list.size() >= from + k) {
+      const std::span<const double> shared = list.subspan(from, k);
+      // One head per codelet (the engine finds it by codelet).
       auto head = std::find_if(cs.heads.begin(), cs.heads.end(), [&](const ComputeSet::Head& h) {
         return h.codelet == codelet.index;
       });
       if (head == cs.heads.end())
-        head =
-            cs.heads.insert(cs.heads.end(), {codelet.index, shared_params(cs_id, list.first(k))});
-      if (cs.params.holds(head->begin, list.first(k))) {
-        list = list.subspan(k);
+        head = cs.heads.insert(cs.heads.end(), {codelet.index, static_cast<std::uint16_t>(k),
+                                                shared_params(cs_id, shared)});
+      if (head->length == k && cs.params.holds(head->begin, shared)) {
+        thread_local std::vector<double> own;
+        own.assign(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(from));
+        own.insert(own.end(), list.begin() + static_cast<std::ptrdiff_t>(from + k), list.end());
+        list = own;
         record.flags |= VertexRecord::kHeaded;
       }
     }
@@ -300,19 +314,43 @@ std::uint32_t Graph::shared_params(ComputeSetId cs_id, std::span<const double> p
   return it->second;
 }
 
-void ParamTable::append(std::span<const double> values) {
-  if (!wide_ && !std::all_of(values.begin(), values.end(), [](double x) {
-        return std::bit_cast<std::uint64_t>(static_cast<double>(static_cast<float>(x))) ==
-               std::bit_cast<std::uint64_t>(x);
-      })) {
-    doubles_.assign(floats_.begin(), floats_.end());
+void ParamTable::widen(Width to) {
+  if (to <= width_) return;
+  if (to == Width::f32) {
+    floats_.assign(u16_.begin(), u16_.end());
+  } else {
+    doubles_.reserve(size());
+    for (std::size_t i = 0; i < size(); ++i) doubles_.push_back((*this)[i]);
     std::vector<float>().swap(floats_);
-    wide_ = true;
   }
-  if (wide_)
-    doubles_.insert(doubles_.end(), values.begin(), values.end());
-  else
-    for (double x : values) floats_.push_back(static_cast<float>(x));
+  std::vector<std::uint16_t>().swap(u16_);
+  width_ = to;
+}
+
+void ParamTable::append(std::span<const double> values) {
+  const auto same_bits = [](double x, double y) {
+    return std::bit_cast<std::uint64_t>(x) == std::bit_cast<std::uint64_t>(y);
+  };
+  Width need = Width::u16;
+  for (double x : values) {
+    if (need == Width::u16 && x >= 0 && x <= UINT16_MAX &&
+        same_bits(static_cast<double>(static_cast<std::uint16_t>(x)), x))
+      continue;
+    need = same_bits(static_cast<double>(static_cast<float>(x)), x) ? Width::f32 : Width::f64;
+    if (need == Width::f64) break;
+  }
+  widen(need);
+  switch (width_) {
+    case Width::u16:
+      for (double x : values) u16_.push_back(static_cast<std::uint16_t>(x));
+      break;
+    case Width::f32:
+      for (double x : values) floats_.push_back(static_cast<float>(x));
+      break;
+    case Width::f64:
+      doubles_.insert(doubles_.end(), values.begin(), values.end());
+      break;
+  }
 }
 
 bool ParamTable::holds(std::size_t at, std::span<const double> values) const {

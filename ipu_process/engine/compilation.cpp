@@ -95,18 +95,18 @@ void add_reads(const Exchange& ex, ByteRanges& ranges) {
 constexpr std::uint32_t kMaxGatheredRows = 8;
 }  // namespace
 
-void Engine::CompiledExchange::compact() {
+void Engine::CompiledExchange::compact(std::vector<std::uint32_t> tile_starts) {
   // Each pass rewrites the transfers in place (a transfer is written no earlier than it is
   // read); when they are grouped by tile, a merged transfer stays within its tile's group.
   // merge(i, e) looks at transfers[i .. e) and returns how many it merged into transfers[w]
   // (0: none, transfers[i] is kept as it is).
   const auto pass = [&](auto&& merge) {
-    const std::size_t segments = tile_begin.empty() ? 1 : tile_begin.size() - 1;
+    const std::size_t segments = tile_starts.empty() ? 1 : tile_starts.size() - 1;
     std::size_t w = 0;
     for (std::size_t seg = 0; seg < segments; ++seg) {
-      const std::size_t b = tile_begin.empty() ? 0 : tile_begin[seg],
-                        e = tile_begin.empty() ? transfers.size() : tile_begin[seg + 1];
-      if (!tile_begin.empty()) tile_begin[seg] = w;
+      const std::size_t b = tile_starts.empty() ? 0 : tile_starts[seg],
+                        e = tile_starts.empty() ? transfers.size() : tile_starts[seg + 1];
+      if (!tile_starts.empty()) tile_starts[seg] = w;
       for (std::size_t i = b; i < e;) {
         const std::size_t merged = merge(i, e, w);
         if (merged == 0) transfers[w] = transfers[i++];
@@ -114,7 +114,7 @@ void Engine::CompiledExchange::compact() {
         ++w;
       }
     }
-    if (!tile_begin.empty()) tile_begin.back() = w;
+    if (!tile_starts.empty()) tile_starts.back() = w;
     transfers.resize(w);
   };
   // Gathers: rows of one size (transfers of up to kMaxGatheredRows rows) that continue the
@@ -188,6 +188,7 @@ void Engine::CompiledExchange::compact() {
   transfers.shrink_to_fit();
   sources.shrink_to_fit();
   rows.shrink_to_fit();
+  tile_begin = TileStarts(tile_starts);
 }
 
 namespace {
@@ -260,7 +261,7 @@ void Engine::release_compiled(ComputeSetId id) {
   const std::size_t bytes =
       cs.vertices.capacity() * sizeof(VertexRecord) + cs.entries.capacity() * sizeof(RegionEntry) +
       (cs.field_ends.capacity() + cs.vertex_state_regions.capacity()) * sizeof(std::uint32_t) +
-      cs.params.size() * (cs.params.is_float() ? sizeof(float) : sizeof(double));
+      cs.params.bytes();
   releasable_->release_vertex_tables(id);
   freed(bytes);
 }
@@ -319,7 +320,6 @@ Engine::Node Engine::compile(const Program& p) {
       const bool tables = options_.executable;
       if (tables) {
         ccs->regions.reserve(cs.entries.size());
-        ccs->field_ends.reserve(cs.field_ends.size());
         ccs->base = tile_memory_.data();
         ccs->vertices.reserve(cs.vertices.size());
       }
@@ -329,7 +329,7 @@ Engine::Node Engine::compile(const Program& p) {
       std::vector<std::uint64_t> worker_loads(std::size_t{arch.tiles} * workers, 0);
       std::vector<Piece> pieces;
       std::vector<unsigned> vertex_tiles;
-      std::size_t vi = 0, fields_so_far = 0;
+      std::size_t vi = 0;
       const auto pack = [&](const std::byte* data, std::size_t elements, DType dtype) {
         CompiledComputeSet::PackedRegion packed;
         if (elements >= (std::size_t{1} << 28))
@@ -342,8 +342,11 @@ Engine::Node Engine::compile(const Program& p) {
       };
       for (const VertexRecord& v : cs.vertices) {
         const Codelet& codelet = registry.at(v.codelet);
-        CompiledComputeSet::VertexRuntime rt{static_cast<std::uint32_t>(fields_so_far),
+        CompiledComputeSet::VertexRuntime rt{static_cast<std::uint32_t>(ccs->field_ends.size()),
                                              v.first_param, v.params, v.codelet, v.fields};
+        const std::size_t first_entry = ccs->regions.size();
+        bool one_entry_a_field = v.fields > 0;
+        if (tables) ccs->field_ends.push_back(static_cast<std::uint32_t>(first_entry));
         if (v.slices > 1) rt.flags |= CompiledComputeSet::VertexRuntime::kSliced;
         if ((v.flags & VertexRecord::kHeaded) != 0)
           rt.flags |= CompiledComputeSet::VertexRuntime::kHeaded;
@@ -378,10 +381,20 @@ Engine::Node Engine::compile(const Program& p) {
             if (dtype == DType::f16 && !codelet.reads_float16_storage)
               rt.flags |= CompiledComputeSet::VertexRuntime::kWidensFloat16;
           });
-          if (tables) ccs->field_ends.push_back(static_cast<std::uint32_t>(ccs->regions.size()));
+          if (!tables) continue;
+          const std::size_t field_begin = ccs->field_ends.back();
+          const std::size_t entries = ccs->regions.size() - field_begin;
+          one_entry_a_field &=
+              entries == 1 || (entries == 2 && (ccs->regions[field_begin].elements_and_dtype &
+                                                CompiledComputeSet::PackedRegion::kRepeated) != 0);
+          ccs->field_ends.push_back(static_cast<std::uint32_t>(ccs->regions.size()));
+        }
+        if (tables && one_entry_a_field) {  // no field ends needed
+          ccs->field_ends.resize(rt.field_begin);
+          rt.field_begin = static_cast<std::uint32_t>(first_entry);
+          rt.flags |= CompiledComputeSet::VertexRuntime::kOneEntryAField;
         }
         if (tables) ccs->vertices.push_back(rt), vertex_tiles.push_back(v.tile);
-        fields_so_far += v.fields;
         // Greedy: each vertex (each worker slice of one) goes to the least-loaded of the tile's
         // worker contexts.
         const auto loads = worker_loads.begin() + static_cast<std::ptrdiff_t>(v.tile * workers);
@@ -393,16 +406,13 @@ Engine::Node Engine::compile(const Program& p) {
       ccs->cycles =
           worker_loads.empty() ? 0 : *std::max_element(worker_loads.begin(), worker_loads.end());
       if (tables) {  // (a plan keeps only the cycles)
-        ccs->params_are_float = cs.params.is_float();
-        if (ccs->params_are_float)
-          ccs->float_params = cs.params.floats();
-        else
-          ccs->params = cs.params.doubles();
+        ccs->params = cs.params;
+        ccs->field_ends.shrink_to_fit();
         ccs->heads = cs.heads;
         // The vertices in tile order (graph order within a tile): those of tile t are
         // vertices[tile_begin[t] .. tile_begin[t + 1]).
         std::vector<std::uint32_t> order;
-        ccs->tile_begin = group_by(vertex_tiles, arch.tiles, order);
+        ccs->tile_begin = TileStarts(group_by(vertex_tiles, arch.tiles, order));
         std::vector<CompiledComputeSet::VertexRuntime> sorted;
         sorted.reserve(order.size());
         for (std::uint32_t k : order) sorted.push_back(ccs->vertices[k]);
@@ -571,9 +581,10 @@ Engine::Node Engine::compile(const Program& p) {
       ByteRanges written;
       for (const auto& tr : ex->transfers) written.add(ex->base + tr.dst, tr.dst_span());
       written.seal();
+      std::vector<std::uint32_t> tile_starts;
       if (!reads_any(*ex, written)) {
         std::vector<std::uint32_t> order;
-        ex->tile_begin = group_by(dst_tiles, arch.tiles, order);
+        tile_starts = group_by(dst_tiles, arch.tiles, order);
         if (!std::is_sorted(dst_tiles.begin(), dst_tiles.end())) {  // else already grouped
           std::vector<CompiledExchange::Transfer> grouped;
           grouped.reserve(order.size());
@@ -581,7 +592,7 @@ Engine::Node Engine::compile(const Program& p) {
           ex->transfers = std::move(grouped);
         }
       }
-      ex->compact();
+      ex->compact(std::move(tile_starts));
       node.index = exchanges_.size();
       compiled_exchanges_.emplace(p.identity(), node.index);
       exchanges_.push_back(std::move(ex));

@@ -16,6 +16,26 @@
 
 namespace ipupod::ipu {
 
+// Where each tile's items start in a run table (tiles + 1 rising values, or none): 16-bit while
+// the table holds fewer than 2^16 items (most compute sets and exchanges do), else 32-bit.
+class TileStarts {
+ public:
+  TileStarts() = default;
+  explicit TileStarts(const std::vector<std::uint32_t>& starts) {
+    if (!starts.empty() && starts.back() <= UINT16_MAX)
+      narrow_.assign(starts.begin(), starts.end());
+    else
+      wide_ = starts;
+  }
+  bool empty() const { return narrow_.empty() && wide_.empty(); }
+  std::size_t size() const { return narrow_.empty() ? wide_.size() : narrow_.size(); }
+  std::size_t operator[](std::size_t t) const { return narrow_.empty() ? wide_[t] : narrow_[t]; }
+
+ private:
+  std::vector<std::uint16_t> narrow_;
+  std::vector<std::uint32_t> wide_;
+};
+
 struct Engine::CompiledComputeSet {
   // A vertex as the run table keeps it, 16 bytes: where its fields' region entries and its
   // parameters start, its codelet (by registry index), and flags. A vertex with several
@@ -23,10 +43,13 @@ struct Engine::CompiledComputeSet {
   struct VertexRuntime {
     static constexpr std::uint8_t kWidensFloat16 = 1;  // float16 regions seen as float32
     static constexpr std::uint8_t kSliced = 2;         // worker slices (see Vertex::slices)
-    static constexpr std::uint8_t kHeaded = 4;         // its parameters follow its codelet's head
+    static constexpr std::uint8_t kHeaded = 4;         // its parameters hold its codelet's head
     static constexpr std::uint8_t kStepped = 8;        // its slices' parameters step evenly
-    std::uint32_t field_begin;                         // into field_ends
-    std::uint32_t param_begin;                         // into params
+    // Each of its fields is one entry, or one repeated entry and its count (most vertices'
+    // are): field_begin points into `regions`, and it has no field ends.
+    static constexpr std::uint8_t kOneEntryAField = 16;
+    std::uint32_t field_begin;  // into field_ends, or (kOneEntryAField) into regions
+    std::uint32_t param_begin;  // into params
     std::uint32_t param_count;
     std::uint16_t codelet;  // Codelet::index
     std::uint8_t field_count;
@@ -52,8 +75,9 @@ struct Engine::CompiledComputeSet {
     }
   };
   std::vector<PackedRegion> regions;
-  // Field k (over the whole compute set) holds the regions of entries regions[field_ends[k -
-  // 1] .. field_ends[k]).
+  // A vertex's field f (without kOneEntryAField) holds the entries regions[field_ends[b + f] ..
+  // field_ends[b + f + 1]), b its field_begin: where its first field starts, then where each
+  // field ends.
   std::vector<std::uint32_t> field_ends;
 
   // Appends a region of a field to `table`, as a repeat of the field's last entry (index
@@ -100,18 +124,16 @@ struct Engine::CompiledComputeSet {
     }
   }
   std::byte* base = nullptr;  // the tile memory block
-  // The vertices' parameters: as float32 when every one of the compute set is a float32 value
-  // (sizes, offsets, flags: most are), else as they are.
-  std::vector<float> float_params;
-  std::vector<double> params;
-  bool params_are_float = false;
+  // The vertices' parameters, as the graph keeps them (16-bit, float32 or float64: see
+  // ParamTable).
+  ParamTable params;
   std::vector<ComputeSet::Head> heads;  // as the graph's (see VertexRecord::kHeaded)
-  double param(std::size_t i) const { return params_are_float ? float_params[i] : params[i]; }
+  double param(std::size_t i) const { return params[i]; }
   std::vector<VertexRuntime> vertices;
 
   // In tile order: the vertices of tile t are vertices[tile_begin[t] .. tile_begin[t + 1]), in
   // graph order.
-  std::vector<std::uint32_t> tile_begin;
+  TileStarts tile_begin;
   std::uint64_t cycles = 0;  // max over tiles of the busiest worker
 
   // Calls f(data, bytes) for each region of each vertex.
@@ -131,11 +153,17 @@ struct Engine::CompiledComputeSet {
     thread_local std::vector<std::span<const Region>> vertex_fields;
     unpacked.clear();
     field_starts.resize(v.field_count + 1);
-    for (std::size_t f = 0; f < v.field_count; ++f) {
-      const std::size_t k = v.field_begin + f;
+    const bool one_entry_a_field = (v.flags & VertexRuntime::kOneEntryAField) != 0;
+    for (std::size_t f = 0, e = v.field_begin; f < v.field_count; ++f) {
       field_starts[f] = unpacked.size();
-      for_each_in(k == 0 ? 0 : field_ends[k - 1], field_ends[k],
-                  [](const Region& r) { unpacked.push_back(r); });
+      const std::size_t k = v.field_begin + f;
+      const std::size_t begin = one_entry_a_field ? e : field_ends[k];
+      const std::size_t end = !one_entry_a_field ? field_ends[k + 1]
+                              : (regions[e].elements_and_dtype & PackedRegion::kRepeated) != 0
+                                  ? e + 2
+                                  : e + 1;
+      for_each_in(begin, end, [](const Region& r) { unpacked.push_back(r); });
+      e = end;
     }
     field_starts[v.field_count] = unpacked.size();
     vertex_fields.resize(v.field_count);
@@ -144,20 +172,22 @@ struct Engine::CompiledComputeSet {
                                                  field_starts[f + 1] - field_starts[f]);
     const Codelet& codelet = v.code();
     std::span<const double> vertex_params;
-    if (params_are_float || (v.flags & VertexRuntime::kHeaded) != 0) {
+    if (params.width() != ParamTable::Width::f64 || (v.flags & VertexRuntime::kHeaded) != 0) {
       // The head and the vertex's own, as float64 values.
       thread_local std::vector<double> assembled;
       assembled.clear();
+      std::size_t own = 0;
       if ((v.flags & VertexRuntime::kHeaded) != 0) {
         std::size_t at = 0;
         while (heads[at].codelet != v.codelet) ++at;
-        for (std::size_t j = 0; j < codelet.shared_params; ++j)
+        for (; own < codelet.shared_from; ++own) assembled.push_back(param(v.param_begin + own));
+        for (std::size_t j = 0; j < heads[at].length; ++j)
           assembled.push_back(param(heads[at].begin + j));
       }
-      for (std::size_t j = 0; j < v.param_count; ++j) assembled.push_back(param(v.param_begin + j));
+      for (; own < v.param_count; ++own) assembled.push_back(param(v.param_begin + own));
       vertex_params = assembled;
     } else {
-      vertex_params = std::span(params).subspan(v.param_begin, v.param_count);
+      vertex_params = std::span(params.doubles()).subspan(v.param_begin, v.param_count);
     }
     const std::uint64_t key = counter_hash(counter_hash(stores.seed ^ counter_hash(run)) + i);
     if ((v.flags & VertexRuntime::kSliced) == 0) {
@@ -323,12 +353,13 @@ struct Engine::CompiledExchange {
   std::vector<std::uint32_t> sources;  // the gathers' rows' source offsets
   std::vector<Row> rows;               // the lists' rows
   std::byte* base = nullptr;           // the tile memory block
-  std::vector<std::uint32_t> tile_begin;
+  TileStarts tile_begin;
   std::uint64_t cycles = 0;
 
-  // Once the transfers are in their final order: runs of rows that fill a destination one
-  // after another become gathers, and runs of other single rows become lists.
-  void compact();
+  // Once the transfers are in their final order (grouped by the tile starts given, or in
+  // program order when there are none): runs of rows that fill a destination one after
+  // another become gathers, and runs of other single rows become lists. Sets tile_begin.
+  void compact(std::vector<std::uint32_t> tile_starts);
 
   // Calls f(data, bytes) for what transfer t reads (its span, or each row) and writes.
   template <class F>

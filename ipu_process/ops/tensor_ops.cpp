@@ -243,16 +243,16 @@ void add_map_affine(Graph& graph, ComputeSetId cs, std::vector<std::pair<Tensor,
           v.fields[ins.size()].push_back(flat_out.slice(piece.b, piece.e));
           if (k == 0) {
             v.params = {
+                static_cast<double>(piece.b),
+                static_cast<double>(offsets[0]),
+                static_cast<double>(offsets[1]),
                 static_cast<double>(op),
                 scale,
                 static_cast<double>(ins.size()),
                 static_cast<double>(shape.size()),
-                static_cast<double>(piece.b),
                 static_cast<double>(window.axis < shape.size() ? window.axis : shape.size()),
                 static_cast<double>(window.begin),
-                static_cast<double>(window.end),
-                static_cast<double>(offsets[0]),
-                static_cast<double>(offsets[1])};
+                static_cast<double>(window.end)};
             for (std::size_t d : shape) v.params.push_back(static_cast<double>(d));
             for (std::size_t i = 0; i < ins.size(); ++i)
               for (Index s : ins[i].strides) v.params.push_back(static_cast<double>(s));

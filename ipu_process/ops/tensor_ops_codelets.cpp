@@ -49,10 +49,11 @@ void map_run(float* dst, std::size_t n, const float* a, Index sa, const float* b
 }
 
 void map_affine(const VertexContext& c) {
-  const int op = static_cast<int>(c.param(0));
-  const float scale = static_cast<float>(c.param(1));
-  const std::size_t inputs = c.size_param(2), rank = c.size_param(3);
-  const std::size_t waxis = c.size_param(5), wb = c.size_param(6), we = c.size_param(7);
+  const int op = static_cast<int>(c.param(kMapOp));
+  const float scale = static_cast<float>(c.param(kMapScale));
+  const std::size_t inputs = c.size_param(kMapInputs), rank = c.size_param(kMapRank);
+  const std::size_t waxis = c.size_param(kMapWindow), wb = c.size_param(kMapWindow + 1),
+                    we = c.size_param(kMapWindow + 2);
   // Per-thread scratch: no allocation per call once the largest rank has been seen.
   thread_local std::vector<std::size_t> shape, coord;
   thread_local std::vector<Index> stride[2];
@@ -263,7 +264,7 @@ std::uint64_t out_field_cycles(const Vertex& v, const ArchPreset& a, std::size_t
 
 void register_tensor_codelets(CodeletRegistry& r) {
   const auto map_cycles = [](const Vertex& v, const ArchPreset& a) {
-    const std::size_t inputs = static_cast<std::size_t>(v.params[2]);
+    const std::size_t inputs = static_cast<std::size_t>(v.params[kMapInputs]);
     return out_field_cycles(v, a, inputs, inputs + 1);
   };
   // Without a window every element of the out piece is written; with one, only those inside
@@ -271,8 +272,8 @@ void register_tensor_codelets(CodeletRegistry& r) {
   for (const bool windowed : {false, true})
     r.add({windowed ? "MapAffineWindow" : "MapAffine",
            "out = scale * in[affine(o)] over the out piece (broadcast, permute, slice, or, "
-           "windowed, concat and slice-gradient windows); params: op, scale, inputs (1), rank, "
-           "piece begin, window, offset of in, 0, shape, strides of in; piece begin and offset "
+           "windowed, concat and slice-gradient windows); params: piece begin, offset of in, 0, "
+           "op, scale, inputs (1), rank, window, shape, strides of in; piece begin and offset "
            "by worker slice",
            {"in", "out"},
            map_affine,
@@ -280,19 +281,22 @@ void register_tensor_codelets(CodeletRegistry& r) {
            windowed ? std::vector<std::string>{} : std::vector<std::string>{"out"},
            false,
            {"in", "out"},
-           {kMapPieceBegin, kMapOffsets}});
-  r.add(
-      {"MapAffineBinary",
-       "out = a[affine(o)] op b[affine(o)] over the out piece (NumPy broadcasting); params: op, "
-       "scale, inputs (2), rank, piece begin, window, offsets of a and b, shape, strides of a and "
-       "b; piece begin and offsets by worker slice",
-       {"a", "b", "out"},
-       map_affine,
-       map_cycles,
-       {"out"},
-       false,
-       {"a", "b", "out"},
-       {kMapPieceBegin, kMapOffsets, kMapOffsets + 1}});
+           {kMapPieceBegin, kMapOffsets},
+           Codelet::kSharedToEnd,
+           kMapOp});
+  r.add({"MapAffineBinary",
+         "out = a[affine(o)] op b[affine(o)] over the out piece (NumPy broadcasting); params: "
+         "piece begin, offsets of a and b, op, scale, inputs (2), rank, window, shape, strides of "
+         "a and b; piece begin and offsets by worker slice",
+         {"a", "b", "out"},
+         map_affine,
+         map_cycles,
+         {"out"},
+         false,
+         {"a", "b", "out"},
+         {kMapPieceBegin, kMapOffsets, kMapOffsets + 1},
+         Codelet::kSharedToEnd,
+         kMapOp});
   r.add({"Unary",
          "out = f(x); params: function, alpha",
          {"x", "out"},

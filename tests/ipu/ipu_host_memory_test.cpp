@@ -182,21 +182,34 @@ TEST(HostMemory, RegionsAtAConstantDistanceAreOneEntry) {
     }
 }
 
-// Parameters are kept as float32 while every value is exactly one, and widen, bit for bit,
-// from the first that is not.
-TEST(HostMemory, ParametersAreFloat32UntilOneIsNot) {
+// Parameters are kept as 16-bit integers while every value is one, as float32 while every
+// value is one, and widen, bit for bit, from the first that is not.
+TEST(HostMemory, ParametersTakeTheNarrowestWidthThatHoldsThemAll) {
   ParamTable t;
+  const std::vector<double> small = {0.0, 7.0, 65535.0};
+  t.append(small);
+  EXPECT_EQ(t.width(), ParamTable::Width::u16);
+  t.shrink_to_fit();
+  EXPECT_EQ(t.bytes(), 3 * sizeof(std::uint16_t));
+  EXPECT_TRUE(t.holds(0, small));
   const std::vector<double> exact = {1.0, -0.0, 3.5, 65536.0}, inexact = {0.1};
   t.append(exact);
-  EXPECT_TRUE(t.is_float());
-  EXPECT_EQ(t.floats().size(), 4u);
-  EXPECT_TRUE(t.holds(0, exact));
-  EXPECT_FALSE(t.holds(0, std::vector<double>{1.0, 0.0}));  // -0.0 is not 0.0
+  EXPECT_EQ(t.width(), ParamTable::Width::f32);
+  ASSERT_EQ(t.size(), 7u);
+  EXPECT_TRUE(t.holds(0, small));
+  EXPECT_TRUE(t.holds(3, exact));
+  EXPECT_FALSE(t.holds(3, std::vector<double>{1.0, 0.0}));  // -0.0 is not 0.0
   t.append(inexact);
-  EXPECT_FALSE(t.is_float());
-  ASSERT_EQ(t.size(), 5u);
-  EXPECT_TRUE(t.holds(0, exact));
-  EXPECT_EQ(std::bit_cast<std::uint64_t>(t[4]), std::bit_cast<std::uint64_t>(0.1));
+  EXPECT_EQ(t.width(), ParamTable::Width::f64);
+  ASSERT_EQ(t.size(), 8u);
+  EXPECT_TRUE(t.holds(0, small));
+  EXPECT_TRUE(t.holds(3, exact));
+  for (double x : {-1.0, 65536.0, 2.5}) {  // each needs more than 16 bits
+    ParamTable one;
+    one.append(std::vector<double>{x});
+    EXPECT_EQ(one.width(), ParamTable::Width::f32) << x;
+  }
+  EXPECT_EQ(std::bit_cast<std::uint64_t>(t[7]), std::bit_cast<std::uint64_t>(0.1));
 }
 
 // A training rank's engine (ReleaseGraphTables) frees the graph's vertex tables, the programs'
@@ -356,9 +369,83 @@ TEST(HostMemory, AConvolutionKeepsItsGeometryOncePerComputeSet) {
   EXPECT_GT(forward_vertices, 100u);
 }
 
+// A map's vertices (a broadcast add of [8, 64, 64] and [64, 1] spread over an MK2) share its
+// geometry (op, scale, rank, window, shape, strides: the values after the piece begin and the
+// offsets): the compute set keeps it once, each vertex keeps its piece begin and offsets (and
+// its slices' steps), and the result is right.
+TEST(HostMemory, AMapKeepsItsShapeAndStridesOncePerComputeSet) {
+  Graph g(ArchPreset::get("mk2"));
+  Tensor a = g.add_variable(DType::f32, {8, 64, 64}, "a");
+  Tensor b = g.add_variable(DType::f32, {64, 1}, "b");
+  g.map_linearly(a, 64);
+  g.set_tile_mapping(b, 5);
+  Program prog;
+  Tensor c = ops::binary(g, prog, ops::BinaryOp::add, a, b, "add");
+  const Codelet& map = CodeletRegistry::builtin().get("MapAffineBinary");
+  ASSERT_EQ(map.shared_params, Codelet::kSharedToEnd);
+  // Own: piece begin, two offsets, and per further slice three values (or three steps).
+  std::size_t vertices = 0;
+  for (const ComputeSet& set : g.compute_sets()) {
+    std::size_t own = 0, here = 0;
+    for (const VertexRecord& v : set.vertices) {
+      if (v.codelet != map.index) continue;
+      ++here;
+      EXPECT_EQ(v.flags & VertexRecord::kHeaded, VertexRecord::kHeaded);
+      EXPECT_LE(v.params, 3u + 3u * (v.slices - 1));
+      own += v.params;
+    }
+    if (here == 0) continue;
+    ASSERT_EQ(set.heads.size(), 1u);
+    EXPECT_EQ(set.heads[0].length, 7u + 3u * 3u) << "op .. window, shape, a's and b's strides";
+    EXPECT_LE(set.params.size(), own + set.heads[0].length);
+    vertices += here;
+  }
+  EXPECT_GT(vertices, 100u);
+  for (const Tensor& t : {a, b, c}) g.set_host_access(t);
+  Engine e(g, {{"p", prog}});
+  std::vector<float> av(a.elements()), bv(64);
+  for (std::size_t i = 0; i < av.size(); ++i) av[i] = static_cast<float>(i % 1000) * 0.25f;
+  for (std::size_t i = 0; i < bv.size(); ++i) bv[i] = static_cast<float>(i) * 3.f;
+  e.write_values(a, av);
+  e.write_values(b, bv);
+  e.run("p");
+  const std::vector<float> got = e.read_values(c);
+  for (std::size_t i = 0; i < av.size(); ++i) ASSERT_EQ(got[i], av[i] + bv[i / 64 % 64]) << i;
+}
+
+// A step's run table says where each tile's vertices start in 16 bits while it holds fewer than
+// 2^16 of them, else in 32: compute sets of 1,000 and of 70,000 one-element vertices on every
+// tile run right either way.
+TEST(HostMemory, StepsOfMoreThan65535VerticesRunRight) {
+  Graph g(ArchPreset::get("tiny"));
+  for (const std::size_t n : {std::size_t{1000}, std::size_t{70000}}) {
+    Tensor x = g.add_variable(DType::f32, {n}, "x"), y = g.add_variable(DType::f32, {n}, "y");
+    g.map_linearly(x, 1);
+    g.map_linearly(y, 1);
+    const ComputeSetId cs = g.add_compute_set("scaled");
+    for (std::size_t i = 0; i < n; ++i) {
+      const unsigned tile = g.tile_mapping(y.slice(i, i + 1)).at(0).tile;
+      g.add_vertex(cs, Vertex{"ScaledAddInPlace",
+                              tile,
+                              {{y.slice(i, i + 1)}, {x.slice(i, i + 1)}},
+                              {static_cast<double>(i % 3)}});
+    }
+    for (const Tensor& t : {x, y}) g.set_host_access(t);
+    Engine e(g, {{"p", Program::execute(cs)}});
+    std::vector<float> xs(n);
+    for (std::size_t i = 0; i < n; ++i) xs[i] = static_cast<float>(i % 977);
+    e.write_values(x, xs);
+    e.write_values(y, std::vector<float>(n, 1.f));
+    e.run("p");
+    const std::vector<float> got = e.read_values(y);
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_EQ(got[i], 1.f + static_cast<float>(i % 3) * xs[i]) << n << ", " << i;
+  }
+}
+
 // A vertex whose head differs from the one its compute set keeps for the codelet keeps its
-// whole list, and the engine runs both alike, with the parameters as float32 or, once one
-// vertex has a value that is not one (another codelet's 0.1 here), as float64.
+// whole list, and the engine runs both alike, with the parameters as 16-bit integers, as
+// float32 once another codelet's 0.5 comes, and as float64 once its 0.1 comes.
 TEST(HostMemory, AVertexWithAnotherHeadKeepsItsWholeList) {
   Graph g(ArchPreset::get("tiny"));
   Tensor x = g.add_variable(DType::f32, {64}, "x"), w = g.add_variable(DType::f32, {64}, "w");
@@ -387,6 +474,7 @@ TEST(HostMemory, AVertexWithAnotherHeadKeepsItsWholeList) {
   std::vector<float> xs(64), ws(64, 0.f);
   for (std::size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(i);
   ws[0] = 2.f, ws[1] = 3.f;
+  std::vector<double> scales;  // of the ScaledAddInPlace vertices, each on 8 more of y
   const auto run = [&] {
     Engine e(g, {{"p", Program::execute(cs)}});
     e.write_values(x, xs);
@@ -396,16 +484,22 @@ TEST(HostMemory, AVertexWithAnotherHeadKeepsItsWholeList) {
     const std::vector<float> got = e.read_values(y);
     for (std::size_t i = 0; i < 16; ++i) ASSERT_EQ(got[i], 2.f * xs[i]) << i;
     for (std::size_t i = 16; i < 24; ++i) ASSERT_EQ(got[i], 3.f * xs[i]) << i;
-    if (!set.params.is_float()) {
-      for (std::size_t i = 32; i < 40; ++i)
-        ASSERT_EQ(got[i], static_cast<float>(0.1) * xs[i - 32]) << i;
-    }
+    for (std::size_t k = 0; k < scales.size(); ++k)
+      for (std::size_t i = 0; i < 8; ++i)
+        ASSERT_EQ(got[32 + 8 * k + i], static_cast<float>(scales[k]) * xs[i]) << k << ", " << i;
   };
-  ASSERT_TRUE(set.params.is_float());
+  ASSERT_EQ(set.params.width(), ParamTable::Width::u16);
   run();
-  g.add_vertex(cs, Vertex{"ScaledAddInPlace", 0, {{y.slice(32, 40)}, {x.slice(0, 8)}}, {0.1}});
-  ASSERT_FALSE(set.params.is_float());
-  run();
+  for (const double scale : {0.5, 0.1}) {  // a float32 value, then one that is not
+    g.add_vertex(
+        cs, Vertex{"ScaledAddInPlace",
+                   0,
+                   {{y.slice(32 + 8 * scales.size(), 40 + 8 * scales.size())}, {x.slice(0, 8)}},
+                   {scale}});
+    scales.push_back(scale);
+    ASSERT_EQ(set.params.width(), scale == 0.5 ? ParamTable::Width::f32 : ParamTable::Width::f64);
+    run();
+  }
 }
 
 // A reduction's first step does one vertex per tile, a worker slice per piece of x there (a
@@ -459,17 +553,17 @@ TEST(HostMemory, AMultiVertexWithEvenlySteppingSlicesKeepsOnlyTheSteps) {
     g.set_tile_mapping(t, 0);
     g.set_host_access(t);
   }
-  // MapAffine, out = 2 * in[piece begin + i]: op (copy scaled), scale, inputs, rank, piece
-  // begin, window axis (none), window, offset of in, 0, shape, stride; then per further slice
-  // its piece begin and offset.
+  // MapAffine, out = 2 * in[piece begin + i]: piece begin, offset of in, 0, op (copy scaled),
+  // scale, inputs, rank, window axis (none), window, shape, stride; then per further slice its
+  // piece begin and offset.
   const auto map_vertex = [&](const Tensor& out, const std::vector<std::size_t>& begins) {
-    Vertex v{"MapAffine", 0, {{}, {}}, {0, 2, 1, 1, 0, 1, 0, 0, 0, 0, 48, 1}};
+    Vertex v{"MapAffine", 0, {{}, {}}, {0, 0, 0, 0, 2, 1, 1, 1, 0, 0, 48, 1}};
     v.slices = begins.size();
     for (std::size_t k = 0; k < begins.size(); ++k) {
       v.fields[0].push_back(x);
       v.fields[1].push_back(out.slice(begins[k], begins[k] + 12));
       if (k == 0) {
-        v.params[4] = static_cast<double>(begins[k]);
+        v.params[0] = static_cast<double>(begins[k]);
       } else {
         v.params.push_back(static_cast<double>(begins[k]));
         v.params.push_back(0);
@@ -482,10 +576,14 @@ TEST(HostMemory, AMultiVertexWithEvenlySteppingSlicesKeepsOnlyTheSteps) {
   const ComputeSetId even = map_vertex(y, {0, 12, 24, 36}), uneven = map_vertex(z, {0, 12, 36});
   const VertexRecord& stepped = g.compute_sets()[even].vertices[0];
   EXPECT_EQ(stepped.flags & VertexRecord::kStepped, VertexRecord::kStepped);
-  EXPECT_EQ(stepped.params, 12u + 2u) << "slice 0's list and a step per slice parameter";
+  // The map's geometry (9 values after the piece begin and the offsets) is its compute set's
+  // head; the vertex keeps slice 0's piece begin and offsets, and a step per slice parameter.
+  EXPECT_EQ(stepped.flags & VertexRecord::kHeaded, VertexRecord::kHeaded);
+  EXPECT_EQ(stepped.params, 3u + 2u) << "slice 0's own values and a step per slice parameter";
+  EXPECT_EQ(g.compute_sets()[even].heads.at(0).length, 9u);
   const VertexRecord& listed = g.compute_sets()[uneven].vertices[0];
   EXPECT_EQ(listed.flags & VertexRecord::kStepped, 0);
-  EXPECT_EQ(listed.params, 12u + 2u * 2u);
+  EXPECT_EQ(listed.params, 3u + 2u * 2u);
 
   Program p = Program::sequence({Program::execute(even), Program::execute(uneven)});
   Engine e(g, {{"p", p}});
