@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <malloc.h>
 
+#include <array>
 #include <atomic>
 #include <bit>
 #include <cstdint>
@@ -334,6 +335,33 @@ TEST(HostMemory, AnExchangePieceCostsBytesNotARecord) {
       ASSERT_EQ(got[k * tiles + t], values[t * kBlock + k]) << k << ", " << t;
 }
 
+// Every vertex of `codelet` keeps only its own parameters (check(v) looks at each), and each
+// compute set holding them keeps one head of `head_length` values and each vertex's own values
+// at most once. Returns how many such vertices there are.
+template <class Check>
+std::size_t expect_one_head_per_compute_set(const Graph& g, const Codelet& codelet,
+                                            std::size_t head_length, Check&& check) {
+  std::size_t vertices = 0;
+  for (const ComputeSet& set : g.compute_sets()) {
+    std::size_t own = 0, here = 0;
+    for (const VertexRecord& v : set.vertices) {
+      if (v.codelet != codelet.index) continue;
+      ++here;
+      EXPECT_EQ(v.flags & VertexRecord::kHeaded, VertexRecord::kHeaded);
+      check(v);
+      own += v.params;
+    }
+    if (here == 0) continue;
+    EXPECT_EQ(set.heads.size(), 1u);
+    if (set.heads.empty()) continue;
+    EXPECT_EQ(set.heads[0].length, head_length) << set.name;
+    EXPECT_LE(set.params.size(), own + head_length)
+        << "the head is kept once, each vertex's own parameters at most once";
+    vertices += here;
+  }
+  return vertices;
+}
+
 // A convolution's vertices open their parameters with its geometry (15 values): the compute set
 // keeps it once, and each vertex only what is its own; the engine gives the codelet the whole
 // list again (the convolution tests check the values).
@@ -350,22 +378,7 @@ TEST(HostMemory, AConvolutionKeepsItsGeometryOncePerComputeSet) {
   const auto& registry = CodeletRegistry::builtin();
   const Codelet& forward = registry.get("ConvForward");
   ASSERT_EQ(forward.shared_params, 15u);
-  std::size_t forward_vertices = 0;
-  for (const ComputeSet& set : g.compute_sets()) {
-    std::size_t vertices = 0, own = 0;
-    for (const VertexRecord& v : set.vertices) {
-      if (v.codelet != forward.index) continue;
-      ++vertices;
-      EXPECT_EQ(v.flags & VertexRecord::kHeaded, VertexRecord::kHeaded);
-      own += v.params;
-    }
-    if (vertices == 0) continue;
-    ASSERT_EQ(set.heads.size(), 1u);
-    EXPECT_LE(set.params.size(), own + forward.shared_params)
-        << "the geometry is kept once, each vertex's own parameters at most once";
-    forward_vertices += vertices;
-  }
-  EXPECT_GT(forward_vertices, 100u);
+  EXPECT_GT(expect_one_head_per_compute_set(g, forward, 15, [](const VertexRecord&) {}), 100u);
 }
 
 // A map's vertices (a broadcast add of [8, 64, 64] and [64, 1] spread over an MK2) share its
@@ -382,23 +395,11 @@ TEST(HostMemory, AMapKeepsItsShapeAndStridesOncePerComputeSet) {
   Tensor c = ops::binary(g, prog, ops::BinaryOp::add, a, b, "add");
   const Codelet& map = CodeletRegistry::builtin().get("MapAffineBinary");
   ASSERT_EQ(map.shared_params, Codelet::kSharedToEnd);
-  // Own: piece begin, two offsets, and per further slice three values (or three steps).
-  std::size_t vertices = 0;
-  for (const ComputeSet& set : g.compute_sets()) {
-    std::size_t own = 0, here = 0;
-    for (const VertexRecord& v : set.vertices) {
-      if (v.codelet != map.index) continue;
-      ++here;
-      EXPECT_EQ(v.flags & VertexRecord::kHeaded, VertexRecord::kHeaded);
-      EXPECT_LE(v.params, 3u + 3u * (v.slices - 1));
-      own += v.params;
-    }
-    if (here == 0) continue;
-    ASSERT_EQ(set.heads.size(), 1u);
-    EXPECT_EQ(set.heads[0].length, 7u + 3u * 3u) << "op .. window, shape, a's and b's strides";
-    EXPECT_LE(set.params.size(), own + set.heads[0].length);
-    vertices += here;
-  }
+  // Own: piece begin, two offsets, and per further slice three values (or three steps). The
+  // head: op .. window (7), the shape and a's and b's strides (3 each).
+  const std::size_t vertices = expect_one_head_per_compute_set(
+      g, map, 7 + 3 * 3,
+      [](const VertexRecord& v) { EXPECT_LE(v.params, 3u + 3u * (v.slices - 1)); });
   EXPECT_GT(vertices, 100u);
   for (const Tensor& t : {a, b, c}) g.set_host_access(t);
   Engine e(g, {{"p", prog}});
@@ -442,16 +443,23 @@ TEST(HostMemory, StepsOfMoreThan65535VerticesRunRight) {
   }
 }
 
+// Three float32 variables x, y, z of n elements on tile 0, which the host reads and writes.
+std::array<Tensor, 3> host_variables_on_tile_0(Graph& g, std::size_t n) {
+  std::array<Tensor, 3> t = {g.add_variable(DType::f32, {n}, "x"),
+                             g.add_variable(DType::f32, {n}, "y"),
+                             g.add_variable(DType::f32, {n}, "z")};
+  for (const Tensor& v : t) {
+    g.set_tile_mapping(v, 0);
+    g.set_host_access(v);
+  }
+  return t;
+}
+
 // Two maps of different rank in one compute set: the first one's geometry is the head, the
 // second (a longer list) keeps its whole list, and both run right.
 TEST(HostMemory, AMapOfAnotherRankInTheSameComputeSetKeepsItsWholeList) {
   Graph g(ArchPreset::get("tiny"));
-  Tensor x = g.add_variable(DType::f32, {24}, "x"), y = g.add_variable(DType::f32, {24}, "y");
-  Tensor z = g.add_variable(DType::f32, {24}, "z");
-  for (const Tensor& t : {x, y, z}) {
-    g.set_tile_mapping(t, 0);
-    g.set_host_access(t);
-  }
+  const auto [x, y, z] = host_variables_on_tile_0(g, 24);
   const ComputeSetId cs = g.add_compute_set("maps");
   // y = 2 * x as a rank-1 map of 24; z = 3 * x^T as a rank-2 map of [4, 6] reading x as [6, 4]
   // (strides 1, 4): piece begin, offsets, op (copy scaled), scale, inputs, rank, window axis
@@ -580,12 +588,7 @@ TEST(HostMemory, AReductionKeepsOneVertexPerTile) {
 // slice's values. The engine gives each slice its own values either way.
 TEST(HostMemory, AMultiVertexWithEvenlySteppingSlicesKeepsOnlyTheSteps) {
   Graph g(ArchPreset::get("tiny"));
-  Tensor x = g.add_variable(DType::f32, {48}, "x"), y = g.add_variable(DType::f32, {48}, "y");
-  Tensor z = g.add_variable(DType::f32, {48}, "z");
-  for (const Tensor& t : {x, y, z}) {
-    g.set_tile_mapping(t, 0);
-    g.set_host_access(t);
-  }
+  const auto [x, y, z] = host_variables_on_tile_0(g, 48);
   // MapAffine, out = 2 * in[piece begin + i]: piece begin, offset of in, 0, op (copy scaled),
   // scale, inputs, rank, window axis (none), window, shape, stride; then per further slice its
   // piece begin and offset.
