@@ -513,7 +513,32 @@ Tensor permute(Graph& graph, Program& prog, const Tensor& x, const std::vector<s
   }
   if (op.strides.empty()) op.strides = {1};
   Tensor out = spread(graph, shape, name);
-  run_map_affine(graph, prog, kCopyScaled, 1.f, {op}, out, {}, name);
+  // When the last axes stay where they are (an attention's heads moved in front of its tokens),
+  // the output is rows of the input moved whole, which the exchange does alone, as a copy. A
+  // MapAffine piece would bring onto its tile every input element between the first and the
+  // last it reads: a piece that crosses a head reads its whole sample.
+  std::size_t kept = 0, row = 1;
+  while (kept < perm.size() && perm[perm.size() - 1 - kept] == perm.size() - 1 - kept)
+    row *= x.dim(perm.size() - 1 - kept++);
+  if (kept == 0 || row == 0) {
+    run_map_affine(graph, prog, kCopyScaled, 1.f, {op}, out, {}, name);
+    return out;
+  }
+  const std::size_t outer_rank = perm.size() - kept;
+  const Tensor from = x.flatten(), to = out.flatten();
+  std::vector<std::size_t> at(outer_rank, 0);  // the output row's index in the outer axes
+  CopyRuns runs;
+  for (std::size_t o = 0; o < out.elements(); o += row) {
+    std::size_t i = 0;
+    for (std::size_t k = 0; k < outer_rank; ++k)
+      i += at[k] * static_cast<std::size_t>(op.strides[k]);
+    runs.add(from.slice(i, i + row), to.slice(o, o + row));
+    for (std::size_t k = outer_rank; k-- > 0;) {
+      if (++at[k] < shape[k]) break;
+      at[k] = 0;
+    }
+  }
+  prog.add(Program::copy(std::move(runs)));
   return out;
 }
 
