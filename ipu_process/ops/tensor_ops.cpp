@@ -513,17 +513,15 @@ Tensor permute(Graph& graph, Program& prog, const Tensor& x, const std::vector<s
   }
   if (op.strides.empty()) op.strides = {1};
   Tensor out = spread(graph, shape, name);
-  // When the last axes stay where they are (an attention's heads moved in front of its tokens),
-  // the output is rows of the input moved whole, which the exchange does alone, as a copy. A
-  // MapAffine piece would bring onto its tile every input element between the first and the
-  // last it reads: a piece that crosses a head reads its whole sample.
+  // The output is rows of the input (the last axes that stay where they are, else single
+  // elements), which the exchange moves alone, as a copy of the permuted input (as Poplar
+  // copies a dimShuffle'd tensor). A MapAffine piece would bring onto its tile every input
+  // element between the first and the last it reads: a piece that crosses a head of an
+  // attention, or the channels of a channels-last image, reads its whole sample.
   std::size_t kept = 0, row = 1;
   while (kept < perm.size() && perm[perm.size() - 1 - kept] == perm.size() - 1 - kept)
     row *= x.dim(perm.size() - 1 - kept++);
-  if (kept == 0 || row == 0) {
-    run_map_affine(graph, prog, kCopyScaled, 1.f, {op}, out, {}, name);
-    return out;
-  }
+  if (x.elements() == 0) return out;
   const std::size_t outer_rank = perm.size() - kept;
   const Tensor from = x.flatten(), to = out.flatten();
   std::vector<std::size_t> at(outer_rank, 0);  // the output row's index in the outer axes

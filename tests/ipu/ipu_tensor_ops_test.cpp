@@ -188,15 +188,14 @@ INSTANTIATE_TEST_SUITE_P(
                       ReduceCase{{3, 5}, {}, false}, ReduceCase{{64, 1031}, {0, 1}, false}));
 
 TEST(ShapeOpsTest, PermuteMatchesReference) {
-  const std::pair<Shape, std::vector<std::size_t>> cases[] = {
-      {{2, 3, 5, 7}, {0, 2, 3, 1}},
-      {{2, 3, 5, 7}, {3, 2, 1, 0}},
-      {{61, 67}, {1, 0}},
-      // The last axes kept: moved as rows by the exchange alone.
-      {{2, 3, 5, 7}, {2, 0, 1, 3}},
-      {{3, 2, 4, 5, 6}, {2, 0, 3, 1, 4}},
-      {{4, 3, 2, 5, 6}, {1, 0, 2, 3, 4}},
-      {{2, 3, 5, 7}, {0, 1, 2, 3}}};
+  const std::pair<Shape, std::vector<std::size_t>> cases[] = {{{2, 3, 5, 7}, {0, 2, 3, 1}},
+                                                              {{2, 3, 5, 7}, {3, 2, 1, 0}},
+                                                              {{61, 67}, {1, 0}},
+                                                              // The last axes kept: moved as rows.
+                                                              {{2, 3, 5, 7}, {2, 0, 1, 3}},
+                                                              {{3, 2, 4, 5, 6}, {2, 0, 3, 1, 4}},
+                                                              {{4, 3, 2, 5, 6}, {1, 0, 2, 3, 4}},
+                                                              {{2, 3, 5, 7}, {0, 1, 2, 3}}};
   for (const auto& [in, perm] : cases) {
     Fixture f;
     Tensor x = f.input(in, 4);
@@ -216,17 +215,20 @@ TEST(ShapeOpsTest, PermuteMatchesReference) {
   }
 }
 
-// An attention's heads moved in front of its tokens ([n, t, 3, h, dh] to [3, n, h, t, dh]): each
-// tile receives the rows it holds and no more. A MapAffine's pieces brought every input
-// element between the first and last they read onto their tile: nearly the whole input on each.
-TEST(ShapeOpsTest, APermuteKeepingTheLastAxisMovesOnlyItsRows) {
+// Permutes are copies of the permuted input (Poplar copies a dimShuffle'd tensor): each tile
+// receives the elements it holds and no more, as rows where the last axes stay (an attention's
+// heads moved in front of its tokens: [n, t, 3, h, dh] to [3, n, h, t, dh]), else one by one (a
+// channels-last image). As MapAffines, their pieces brought every input element between the
+// first and last they read onto their tile: nearly the whole input on each.
+TEST(ShapeOpsTest, APermuteMovesOnlyTheElementsEachTileHolds) {
   Fixture f;
   const Shape in = {2, 64, 3, 4, 16};
   Tensor x = f.input(in, 6);
   Tensor y = ops::permute(f.g, f.prog, x, {2, 0, 3, 1, 4}, "y");
-  ops::permute(f.g, f.prog, x, {0, 2, 1, 3, 4}, "z");  // the kept axis already [3, h, dh]
+  ops::permute(f.g, f.prog, x, {0, 2, 1, 3, 4}, "z");  // the kept axes already [3, h, dh]
+  ops::permute(f.g, f.prog, x, {0, 2, 3, 4, 1}, "w");  // the tokens last
   for (const auto& v : f.g.variables())
-    EXPECT_TRUE(v.name == "in0" || v.name == "y" || v.name == "z")
+    EXPECT_TRUE(v.name == "in0" || v.name == "y" || v.name == "z" || v.name == "w")
         << v.name << ": a tile's copy of the input's spans";
   EXPECT_TRUE(f.g.compute_sets().empty());
   const auto got = f.run({y})[0];
