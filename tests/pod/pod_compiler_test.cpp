@@ -464,8 +464,8 @@ TEST(Compiler, AGansDiscriminatorReadOnTwoStagesTrainsLikeOneIpu) {
   // Its attention needs more than the tiny preset's 4 MiB: an IPU of MK2 timing with 64 tiles
   // of 2.5 MiB, since laying out 1472 tiles takes minutes under the sanitizers.
   const std::string arch = ::testing::TempDir() + "mk2_64_tiles.json";
-  std::ofstream(arch)
-      << R"({"base": "mk2", "name": "mk2-64", "tiles": 64, "bytes_per_tile": 2621440, "sources": ["test"]})";
+  std::ofstream(arch) << R"({"base": "mk2", "name": "mk2-64", "tiles": 64,)"
+                      << R"( "bytes_per_tile": 2621440, "sources": ["test"]})";
   const PipelineRun one =
       run_pipeline(o, 1, {.arch = arch.c_str()}, accumulation, steps, "transcyclegan");
   ASSERT_EQ(one.losses.size(), accumulation * steps);
