@@ -1,6 +1,6 @@
 // The general tensor op library: elementwise unary and binary ops with broadcasting, reductions,
 // permutes, slices, concatenation, random masks and casts, lowered onto MapAffine and the other
-// codelets of tensor_ops_codelets.cpp.
+// codelets of tensor_ops_codelets.cpp (a permute is a copy: the exchange alone moves it).
 #include "ipu_process/ops/tensor_ops.hpp"
 
 #include <algorithm>
@@ -511,13 +511,13 @@ Tensor permute(Graph& graph, Program& prog, const Tensor& x, const std::vector<s
     shape.push_back(x.dim(p));
     op.strides.push_back(xs[p]);
   }
-  if (op.strides.empty()) op.strides = {1};
   Tensor out = spread(graph, shape, name);
   // The output is rows of the input (the last axes that stay where they are, else single
   // elements), which the exchange moves alone, as a copy of the permuted input (as Poplar
   // copies a dimShuffle'd tensor). A MapAffine piece would bring onto its tile every input
   // element between the first and the last it reads: a piece that crosses a head of an
-  // attention, or the channels of a channels-last image, reads its whole sample.
+  // attention, or the channels of a channels-last image, reads its whole sample. The cost is the
+  // exchange's: the bytes each tile receives, nothing per row (single elements included).
   std::size_t kept = 0, row = 1;
   while (kept < perm.size() && perm[perm.size() - 1 - kept] == perm.size() - 1 - kept)
     row *= x.dim(perm.size() - 1 - kept++);

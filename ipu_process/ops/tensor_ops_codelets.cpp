@@ -271,7 +271,7 @@ void register_tensor_codelets(CodeletRegistry& r) {
   // it (a concat's other inputs fill the rest), so liveness may not take `out` as overwritten.
   for (const bool windowed : {false, true})
     r.add({windowed ? "MapAffineWindow" : "MapAffine",
-           "out = scale * in[affine(o)] over the out piece (broadcast, permute, slice, or, "
+           "out = scale * in[affine(o)] over the out piece (broadcast, slice, or, "
            "windowed, concat and slice-gradient windows); params: piece begin, offset of in, 0, "
            "op, scale, inputs (1), rank, window, shape, strides of in; piece begin and offset "
            "by worker slice",

@@ -195,7 +195,8 @@ TEST(ShapeOpsTest, PermuteMatchesReference) {
                                                               {{2, 3, 5, 7}, {2, 0, 1, 3}},
                                                               {{3, 2, 4, 5, 6}, {2, 0, 3, 1, 4}},
                                                               {{4, 3, 2, 5, 6}, {1, 0, 2, 3, 4}},
-                                                              {{2, 3, 5, 7}, {0, 1, 2, 3}}};
+                                                              {{2, 3, 5, 7}, {0, 1, 2, 3}},
+                                                              {{1, 5, 1}, {2, 1, 0}}};
   for (const auto& [in, perm] : cases) {
     Fixture f;
     Tensor x = f.input(in, 4);
@@ -224,19 +225,26 @@ TEST(ShapeOpsTest, APermuteMovesOnlyTheElementsEachTileHolds) {
   Fixture f;
   const Shape in = {2, 64, 3, 4, 16};
   Tensor x = f.input(in, 6);
-  Tensor y = ops::permute(f.g, f.prog, x, {2, 0, 3, 1, 4}, "y");
-  ops::permute(f.g, f.prog, x, {0, 2, 1, 3, 4}, "z");  // the kept axes already [3, h, dh]
-  ops::permute(f.g, f.prog, x, {0, 2, 3, 4, 1}, "w");  // the tokens last
+  const std::vector<std::vector<std::size_t>> perms = {
+      {2, 0, 3, 1, 4},   // [n, t, 3, h, dh] to [3, n, h, t, dh]
+      {0, 2, 1, 3, 4},   // the kept axes already [3, h, dh]
+      {0, 2, 3, 4, 1}};  // the tokens last: one element at a time
+  std::vector<Tensor> ys;
+  for (std::size_t k = 0; k < perms.size(); ++k)
+    ys.push_back(ops::permute(f.g, f.prog, x, perms[k], "y" + std::to_string(k)));
   for (const auto& v : f.g.variables())
-    EXPECT_TRUE(v.name == "in0" || v.name == "y" || v.name == "z" || v.name == "w")
+    EXPECT_TRUE(v.name == "in0" || v.name == "y0" || v.name == "y1" || v.name == "y2")
         << v.name << ": a tile's copy of the input's spans";
   EXPECT_TRUE(f.g.compute_sets().empty());
-  const auto got = f.run({y})[0];
+  const auto got = f.run(ys);
   const auto& xv = f.inputs[0].second;
-  for (std::size_t i = 0; i < xv.size(); ++i) {
-    const auto c = coords(i, in);  // [n, t, s, h, d] to [s, n, h, t, d]
-    ASSERT_EQ(got[flat_of({c[2], c[0], c[3], c[1], c[4]}, y.shape())], xv[i]) << i;
-  }
+  for (std::size_t k = 0; k < perms.size(); ++k)
+    for (std::size_t i = 0; i < xv.size(); ++i) {
+      const auto c = coords(i, in);
+      std::vector<std::size_t> o;
+      for (std::size_t p : perms[k]) o.push_back(c[p]);
+      ASSERT_EQ(got[k][flat_of(o, ys[k].shape())], xv[i]) << k << ": " << i;
+    }
 }
 
 TEST(ShapeOpsTest, SliceAndItsGradientAndConcat) {

@@ -15,6 +15,7 @@
 #include "pod/compiler/compiler.hpp"
 #include "pod/compiler/model_options.hpp"
 #include "pod/compiler/pipeline_plan.hpp"
+#include "tests/host/temp_dir.hpp"
 #include "tests/ipu/mailbox.hpp"
 
 namespace ipupod::pod {
@@ -463,9 +464,12 @@ TEST(Compiler, AGansDiscriminatorReadOnTwoStagesTrainsLikeOneIpu) {
   const std::size_t accumulation = 2, steps = 2;
   // Its attention needs more than the tiny preset's 4 MiB: an IPU of MK2 timing with 64 tiles
   // of 2.5 MiB, since laying out 1472 tiles takes minutes under the sanitizers.
-  const std::string arch = ::testing::TempDir() + "mk2_64_tiles.json";
-  std::ofstream(arch) << R"({"base": "mk2", "name": "mk2-64", "tiles": 64,)"
-                      << R"( "bytes_per_tile": 2621440, "sources": ["test"]})";
+  const ipupod::testing::TempDir dir;
+  const std::string arch = dir.file("mk2_64_tiles.json");
+  std::ofstream preset(arch);
+  preset << R"({"base": "mk2", "name": "mk2-64", "tiles": 64,)"
+         << R"( "bytes_per_tile": 2621440, "sources": ["test"]})";
+  ASSERT_TRUE(preset.flush()) << arch;
   const PipelineRun one =
       run_pipeline(o, 1, {.arch = arch.c_str()}, accumulation, steps, "transcyclegan");
   ASSERT_EQ(one.losses.size(), accumulation * steps);
