@@ -500,8 +500,7 @@ Tensor permute(Graph& graph, Program& prog, const Tensor& x, const std::vector<s
                                 " axes for a tensor of rank " + std::to_string(x.rank()));
   std::vector<bool> seen(perm.size(), false);
   const auto xs = strides_of(x.shape());
-  std::vector<std::size_t> shape;
-  Operand op{x, {}, 0};
+  std::vector<std::size_t> shape, strides;  // the output's, and the input's of its axes
   for (std::size_t p : perm) {
     check_axis(p, x.rank(), name);
     if (seen[p])
@@ -509,7 +508,7 @@ Tensor permute(Graph& graph, Program& prog, const Tensor& x, const std::vector<s
                                   " repeated in the permutation");
     seen[p] = true;
     shape.push_back(x.dim(p));
-    op.strides.push_back(xs[p]);
+    strides.push_back(static_cast<std::size_t>(xs[p]));
   }
   Tensor out = spread(graph, shape, name);
   // The output is rows of the input (the last axes that stay where they are, else single
@@ -528,8 +527,7 @@ Tensor permute(Graph& graph, Program& prog, const Tensor& x, const std::vector<s
   CopyRuns runs;
   for (std::size_t o = 0; o < out.elements(); o += row) {
     std::size_t i = 0;
-    for (std::size_t k = 0; k < outer_rank; ++k)
-      i += at[k] * static_cast<std::size_t>(op.strides[k]);
+    for (std::size_t k = 0; k < outer_rank; ++k) i += at[k] * strides[k];
     runs.add(from.slice(i, i + row), to.slice(o, o + row));
     for (std::size_t k = outer_rank; k-- > 0;) {
       if (++at[k] < shape[k]) break;
